@@ -1,0 +1,30 @@
+# The two commands of the README: `make run` (set up, then the whole pipeline on the embedded
+# defaults) and `make test` (set up, then the test suite). Both are safe to repeat.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Re-install only when the declared dependencies change.
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install clean-run
+
+run: $(STAMP)
+	$(BIN)/dreamgym run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU build of torch comes from a local wheel; a range that admits a newer torch would
+	# pull the newest CUDA build (several GB), so pin it first when no torch is present.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# Removes what `make run` produced (run directory, generated data, outputs); keeps .venv.
+clean-run:
+	rm -rf .dreamgym data outputs

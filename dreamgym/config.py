@@ -1,0 +1,186 @@
+"""Typed configuration, loaded from `params.yaml` (the one source of the pipeline's parameters).
+
+Each section of `params.yaml` is a frozen dataclass below, with help text on every field. Values
+are validated when loaded (types, ranges, unknown keys); an error names the key, the bad value
+and what to write instead, e.g.
+
+    params.yaml: collect.epsilon = 1.5: must be at most 1 (a probability); fix it in params.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+from dreamgym.errors import DreamgymError
+
+SPLITS = ("train", "valid", "test")
+POLICIES = ("expert", "noisy-expert", "random")
+TW_ROOM_CHOICES = (1, 6, 9, 12)
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConfigError(DreamgymError):
+    """A parameter file or value that cannot be used, with what to change."""
+
+
+def _help(text: str, **constraints: Any) -> Any:
+    return Field(description=text, **constraints)
+
+
+@dataclass(config=_STRICT)
+class GamesConfig:
+    """TextWorld cooking games (`tw-make tw-cooking`). Each game draws its settings from the lists."""
+
+    recipe: Annotated[tuple[int, ...], _help("Ingredients per recipe; each game draws one value.",
+                                              min_length=1)] = (1, 2)
+    take: Annotated[tuple[int, ...], _help("Ingredients the player must find (capped at the recipe "
+                                            "size); each game draws one value.", min_length=1)] = (1, 2)
+    go: Annotated[tuple[int, ...], _help("Rooms per game, from 1, 6, 9 or 12; each game draws one "
+                                          "value.", min_length=1)] = (1, 6)
+    open: Annotated[bool, _help("Containers and doors must be opened.")] = True
+    cook: Annotated[bool, _help("Some ingredients must be cooked.")] = True
+    cut: Annotated[bool, _help("Some ingredients must be cut.")] = True
+    train_count: Annotated[int, _help("Training games (--split train).", ge=1)] = 40
+    test_count: Annotated[int, _help("Held-out evaluation games (--split test: unseen foods and "
+                                     "preparations).", ge=0)] = 40
+    workers: Annotated[int, _help("Games compiled in parallel.", ge=1)] = 2
+
+    def __post_init__(self) -> None:
+        for value in self.recipe:
+            if not 1 <= value <= 5:
+                raise ValueError(f"recipe value {value} is out of range: use 1 to 5 ingredients")
+        for value in self.take:
+            if not 0 <= value <= 5:
+                raise ValueError(f"take value {value} is out of range: use 0 to 5 ingredients")
+        for value in self.go:
+            if value not in TW_ROOM_CHOICES:
+                raise ValueError(f"go value {value} is not supported by tw-cooking: use one of "
+                                 f"{', '.join(map(str, TW_ROOM_CHOICES))}")
+
+
+@dataclass(config=_STRICT)
+class EnvConfig:
+    """The real environment."""
+
+    max_steps: Annotated[int, _help("Steps before an episode is truncated.", ge=1, le=1000)] = 50
+
+
+@dataclass(config=_STRICT)
+class CollectConfig:
+    """Offline trajectory collection on the training games."""
+
+    episodes_per_game: Annotated[int, _help("Episodes played on each game.", ge=1)] = 5
+    policy: Annotated[Literal["expert", "noisy-expert", "random"],
+                      _help("Behaviour policy: the game's expert, the expert with random actions "
+                            "at rate epsilon, or uniformly random admissible actions.")] = "noisy-expert"
+    epsilon: Annotated[float, _help("Probability of a random admissible action (noisy-expert).",
+                                    ge=0.0, le=1.0)] = 0.3
+    workers: Annotated[int, _help("Games played in parallel processes.", ge=1)] = 2
+
+
+@dataclass(config=_STRICT)
+class ValidationConfig:
+    """Great Expectations checks on collected transitions."""
+
+    max_bad_fraction: Annotated[float, _help("Largest fraction of quarantined rows that still "
+                                             "passes.", ge=0.0, le=1.0)] = 0.02
+    max_text_chars: Annotated[int, _help("Longest allowed state/next-state/instruction text.",
+                                         ge=16)] = 8000
+    max_action_chars: Annotated[int, _help("Longest allowed action text.", ge=4)] = 200
+    reward_min: Annotated[float, _help("Smallest allowed step reward.")] = -1.0
+    reward_max: Annotated[float, _help("Largest allowed step reward.")] = 10.0
+
+    def __post_init__(self) -> None:
+        if self.reward_min > self.reward_max:
+            raise ValueError(f"reward_min ({self.reward_min}) is above reward_max "
+                             f"({self.reward_max}): swap them")
+
+
+@dataclass(config=_STRICT)
+class PathsConfig:
+    """Where things live, relative to the project directory unless absolute."""
+
+    data_dir: Annotated[str, _help("The versioned offline dataset (tracked by data.dvc).")] = "data"
+    outputs_dir: Annotated[str, _help("Derived outputs (validation reports, quarantine).")] = "outputs"
+    run_dir: Annotated[str, _help("Embedded services' state: MLflow (SQLite + artifacts), "
+                                  "Prefect home.")] = ".dreamgym"
+
+
+@dataclass(config=_STRICT)
+class PipelineConfig:
+    """Everything the pipeline reads; `params.yaml` mirrors this structure."""
+
+    seed: Annotated[int, _help("Seed for game generation, collection and training.", ge=0)] = 0
+    experiment: Annotated[str, _help("MLflow experiment name.", min_length=1)] = "dreamgym"
+    paths: PathsConfig = dataclasses.field(default_factory=PathsConfig)
+    games: GamesConfig = dataclasses.field(default_factory=GamesConfig)
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    collect: CollectConfig = dataclasses.field(default_factory=CollectConfig)
+    validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
+
+
+def _format_error(error: dict[str, Any], source: str) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    value = error.get("input")
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        return f"{source}: unknown key '{key}'; remove it or check its spelling"
+    if error["type"] == "missing":
+        return f"{source}: '{key}' is required"
+    if isinstance(value, dict):  # a check across a whole section (__post_init__)
+        return f"{source}: {key or 'top level'}: {message}; fix it in {source}"
+    return f"{source}: {key} = {value!r}: {message}; fix it in {source}"
+
+
+def config_from_dict(values: dict[str, Any], source: str = "params.yaml") -> PipelineConfig:
+    """Validate a nested dict into a `PipelineConfig`; `ConfigError` lists every problem."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(values).__name__}")
+    try:
+        return TypeAdapter(PipelineConfig).validate_python(values)
+    except ValidationError as error:
+        messages = [_format_error(item, source) for item in error.errors()]
+        raise ConfigError("; ".join(messages)) from None
+
+
+def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read and validate `params.yaml`; `overrides` maps dotted keys to values (e.g. from a CLI)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"parameter file {path} does not exist; run from the project directory "
+                          "or pass --params")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    for dotted, value in (overrides or {}).items():
+        section = values
+        *parents, leaf = dotted.split(".")
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[leaf] = value
+    return config_from_dict(values, source=str(path))
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A plain nested dict (lists instead of tuples), for YAML, JSON and MLflow params."""
+    return TypeAdapter(type(config)).dump_python(config, mode="json")
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}: the form MLflow params take."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat

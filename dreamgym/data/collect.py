@@ -1,0 +1,169 @@
+"""Collect offline trajectories from real games with a behaviour policy.
+
+Behaviour policies:
+- `expert`: the game's own next walkthrough action from the current state;
+- `noisy-expert`: a random admissible action with probability epsilon, otherwise the expert's
+  next action *from the current state* (so it recovers from its own detours when it can, and
+  sometimes cannot: the data holds successes and failures, as the paper's offline data does);
+- `random`: a uniformly random admissible action.
+
+Every episode has its own random stream seeded from (seed, task, episode), so a collection is
+reproducible whatever the number of worker processes. The settings and the games' digests are
+stored in the Parquet file's metadata; collecting again with the same ones reuses the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import random
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from dreamgym.config import POLICIES
+from dreamgym.data.schema import (content_hash, read_metadata, read_transitions, to_table,
+                                  trajectory_id, write_transitions)
+from dreamgym.envs.base import Env, Task
+from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, load_task
+from dreamgym.errors import DreamgymError
+from dreamgym.state import parse_state
+
+
+@dataclass(frozen=True)
+class CollectionSettings:
+    """What determines a collection's content (and so whether an existing file can be reused)."""
+
+    policy: str
+    epsilon: float
+    episodes_per_game: int
+    seed: int
+    max_steps: int
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise DreamgymError(f"unknown policy {self.policy!r}: use one of {', '.join(POLICIES)}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise DreamgymError(f"epsilon must be between 0 and 1, got {self.epsilon}")
+        if self.episodes_per_game < 1:
+            raise DreamgymError(f"episodes per game must be at least 1, got {self.episodes_per_game}")
+
+    @property
+    def policy_label(self) -> str:
+        return f"noisy-expert(epsilon={self.epsilon:g})" if self.policy == "noisy-expert" else self.policy
+
+
+@dataclass(frozen=True)
+class CollectionResult:
+    path: str
+    transitions: int
+    trajectories: int
+    success_rate: float
+    mean_steps: float
+    seconds: float
+    reused: bool
+
+
+def choose_action(policy: str, rng: random.Random, epsilon: float, available: Sequence[str],
+                  expert_action: str | None) -> str:
+    """The behaviour policy's action. Without an expert plan (a lost or unwinnable game) the
+    expert policies act at random, as there is nothing better to imitate."""
+    if not available:
+        return "look"
+    if policy == "random" or expert_action is None:
+        return rng.choice(list(available))
+    if policy == "noisy-expert" and rng.random() < epsilon:
+        return rng.choice(list(available))
+    return expert_action
+
+
+def play_episode(env: Env, task: Task, settings: CollectionSettings, episode: int,
+                 run_id: str | None = None) -> list[dict]:
+    """One episode as transition records."""
+    rng = random.Random(f"{settings.seed}|{task.task_id}|{episode}")
+    traj = trajectory_id(env.name, task.task_id, settings.policy_label, settings.seed, episode)
+    state, info = env.reset(task)
+    rows = []
+    for step in range(env.max_steps):
+        action = choose_action(settings.policy, rng, settings.epsilon,
+                               parse_state(state).actions, info["expert_action"])
+        next_state, reward, terminated, truncated, info = env.step(action)
+        row = {
+            "env": env.name, "task_id": task.task_id, "instruction": task.instruction,
+            "trajectory_id": traj, "step": step, "state": state, "action": action,
+            "next_state": next_state, "reward": reward, "terminated": terminated,
+            "truncated": truncated, "won": info["won"], "lost": info["lost"],
+            "score": info["score"], "max_score": info["max_score"], "reasoning": None,
+            "source": "real", "policy": settings.policy_label, "model_version": None,
+            "run_id": run_id, "created_at": datetime.now(UTC),
+        }
+        row["content_hash"] = content_hash(row)
+        rows.append(row)
+        state = next_state
+        if terminated or truncated:
+            break
+    return rows
+
+
+def _collect_game(game_file: str, settings: CollectionSettings, run_id: str | None) -> list[dict]:
+    env = TextWorldEnv(max_steps=settings.max_steps)
+    try:
+        task = load_task(game_file)
+        return [row for episode in range(settings.episodes_per_game)
+                for row in play_episode(env, task, settings, episode, run_id)]
+    finally:
+        env.close()
+
+
+def _games_digest(games: Sequence[Path]) -> list[list[str]]:
+    return [[game.name, hashlib.md5(game.read_bytes()).hexdigest()] for game in games]
+
+
+def summarize(table: pa.Table) -> dict[str, float]:
+    """Counts and success rate of a transitions table (success = the episode's last step won)."""
+    last_steps = table.filter(pc.or_(table["terminated"], table["truncated"]))
+    trajectories = len(set(table["trajectory_id"].to_pylist()))
+    won = sum(last_steps["won"].to_pylist())
+    return {
+        "transitions": table.num_rows,
+        "trajectories": trajectories,
+        "success_rate": won / trajectories if trajectories else 0.0,
+        "mean_steps": table.num_rows / trajectories if trajectories else 0.0,
+    }
+
+
+def collect(games: Sequence[str | Path], out: str | Path, settings: CollectionSettings,
+            workers: int = 2, run_id: str | None = None, progress: bool = True) -> CollectionResult:
+    """Play `settings.episodes_per_game` episodes on each game and write one Parquet file.
+
+    An existing file made from the same games and settings is reused, not collected again.
+    """
+    games = [check_game_file(game) for game in games]
+    if not games:
+        raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
+    out = Path(out)
+    metadata = {"collection": asdict(settings), "games": _games_digest(games)}
+    if out.exists() and read_metadata(out) == metadata:
+        table = read_transitions(out)
+        return CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(table))
+
+    started = time.perf_counter()
+    rows_by_game: dict[str, list[dict]] = {}
+    context = multiprocessing.get_context("spawn")  # forking a process that runs threads is unsafe
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool, \
+            tqdm(total=len(games), desc=f"collect → {out.name}", unit="game", disable=not progress) as bar:
+        futures = {pool.submit(_collect_game, str(game), settings, run_id): game for game in games}
+        for future in as_completed(futures):
+            rows_by_game[str(futures[future])] = future.result()
+            bar.update()
+    table = to_table((row for game in games for row in rows_by_game[str(game)]), metadata)
+    write_transitions(table, out)
+    return CollectionResult(path=str(out), seconds=time.perf_counter() - started, reused=False,
+                            **summarize(table))

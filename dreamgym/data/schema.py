@@ -1,0 +1,125 @@
+"""The transition record: the unit of data everywhere (collection, validation, buffer, models).
+
+One row per environment step. `content_hash` is a SHA-256 over the fields that define the
+transition (`CONTENT_FIELDS`), so that re-collecting or re-ingesting the same transition gives
+the same hash and upserts stay idempotent; provenance fields (run id, timestamps) are outside it.
+Parquet files carry this schema plus free-form metadata (e.g. the collection settings) under the
+`dreamgym` key of the file's schema metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dreamgym.errors import DreamgymError
+
+SOURCES = ("real", "synthetic")
+
+TRANSITION_SCHEMA = pa.schema([
+    pa.field("env", pa.string(), nullable=False),
+    pa.field("task_id", pa.string(), nullable=False),
+    pa.field("instruction", pa.string(), nullable=False),
+    pa.field("trajectory_id", pa.string(), nullable=False),
+    pa.field("step", pa.int32(), nullable=False),
+    pa.field("state", pa.string(), nullable=False),
+    pa.field("action", pa.string(), nullable=False),
+    pa.field("next_state", pa.string(), nullable=False),
+    pa.field("reward", pa.float64(), nullable=False),
+    pa.field("terminated", pa.bool_(), nullable=False),
+    pa.field("truncated", pa.bool_(), nullable=False),
+    pa.field("won", pa.bool_(), nullable=False),
+    pa.field("lost", pa.bool_(), nullable=False),
+    pa.field("score", pa.int64(), nullable=False),
+    pa.field("max_score", pa.int64(), nullable=False),
+    pa.field("reasoning", pa.string(), nullable=True),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("policy", pa.string(), nullable=False),
+    pa.field("model_version", pa.string(), nullable=True),
+    pa.field("run_id", pa.string(), nullable=True),
+    pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("content_hash", pa.string(), nullable=False),
+])
+COLUMNS = tuple(TRANSITION_SCHEMA.names)
+
+CONTENT_FIELDS = ("env", "task_id", "trajectory_id", "step", "state", "action", "next_state",
+                  "reward", "terminated", "truncated", "source")
+METADATA_KEY = b"dreamgym"
+
+
+class SchemaError(DreamgymError):
+    """A transitions file that does not have the transition record's columns or types."""
+
+
+def content_hash(record: Mapping[str, Any]) -> str:
+    """SHA-256 of the content fields, stable across processes and platforms."""
+    payload = [record[name] for name in CONTENT_FIELDS]
+    payload[CONTENT_FIELDS.index("step")] = int(payload[CONTENT_FIELDS.index("step")])
+    payload[CONTENT_FIELDS.index("reward")] = float(payload[CONTENT_FIELDS.index("reward")])
+    for flag in ("terminated", "truncated"):
+        payload[CONTENT_FIELDS.index(flag)] = bool(payload[CONTENT_FIELDS.index(flag)])
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def trajectory_id(*parts: object) -> str:
+    """A deterministic trajectory id from what defines the episode (task, policy, seed, index)."""
+    return hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).hexdigest()[:20]
+
+
+def to_table(records: Iterable[Mapping[str, Any]], metadata: Mapping[str, Any] | None = None) -> pa.Table:
+    table = pa.Table.from_pylist(list(records), schema=TRANSITION_SCHEMA)
+    if metadata is not None:
+        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+    return table
+
+
+def write_transitions(table: pa.Table, path: str | Path) -> Path:
+    """Write atomically: a crash mid-write never leaves a half file under the final name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    pq.write_table(table, partial, compression="zstd")
+    partial.replace(path)
+    return path
+
+
+def check_columns(schema: pa.Schema, path: str | Path) -> None:
+    """Raise a `SchemaError` naming every missing column or wrong type."""
+    missing = [name for name in COLUMNS if name not in schema.names]
+    if missing:
+        raise SchemaError(f"{path}: missing columns {', '.join(missing)}; a transitions file needs "
+                          f"all of: {', '.join(COLUMNS)}")
+    wrong = [f"{field.name} is {schema.field(field.name).type} (expected {field.type})"
+             for field in TRANSITION_SCHEMA
+             if not schema.field(field.name).type.equals(field.type)]
+    if wrong:
+        raise SchemaError(f"{path}: wrong column types: {'; '.join(wrong)}")
+
+
+def read_transitions(path: str | Path) -> pa.Table:
+    """Read a transitions file, checking columns and types; extra columns are dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise SchemaError(f"transitions file {path} does not exist")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise SchemaError(f"{path} is not a readable Parquet file ({error})") from None
+    check_columns(schema, path)
+    return pq.read_table(path, columns=list(COLUMNS)).cast(TRANSITION_SCHEMA)
+
+
+def read_metadata(path: str | Path) -> dict[str, Any] | None:
+    """The `dreamgym` metadata stored in a Parquet file, or None if the file has none."""
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
+    except (pa.ArrowInvalid, OSError):
+        return None
+    return json.loads(raw) if raw else None

@@ -1,0 +1,45 @@
+"""Shared fixtures: a few real TextWorld games and a real collected dataset, made once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from dreamgym.config import GamesConfig  # noqa: E402
+from dreamgym.data.collect import CollectionSettings, collect  # noqa: E402
+from dreamgym.data.games import generate_games, plan_games  # noqa: E402
+
+# Small games keep the suite fast: one or two ingredients, one or six rooms.
+TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1)
+
+
+@pytest.fixture(scope="session")
+def games_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("games")
+
+
+@pytest.fixture(scope="session")
+def train_games(games_root) -> list[Path]:
+    specs = plan_games(TINY_GAMES, "train", TINY_GAMES.train_count, seed=0)
+    paths, _ = generate_games(specs, games_root / "train", workers=2, progress=False)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def test_games(games_root) -> list[Path]:
+    specs = plan_games(TINY_GAMES, "test", TINY_GAMES.test_count, seed=0)
+    paths, _ = generate_games(specs, games_root / "test", workers=2, progress=False)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def offline_dataset(train_games, tmp_path_factory) -> Path:
+    """Noisy-expert transitions on the training games: successes and failures."""
+    out = tmp_path_factory.mktemp("offline") / "offline.parquet"
+    collect(train_games, out, CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30),
+            workers=2, progress=False)
+    return out
