@@ -126,8 +126,10 @@ class PipelineConfig:
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
 
 
-def _format_error(error: dict[str, Any], source: str) -> str:
+def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:
     key = ".".join(str(part) for part in error["loc"])
+    if key in overridden:
+        source = "the command line"
     value = error.get("input")
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
@@ -139,14 +141,18 @@ def _format_error(error: dict[str, Any], source: str) -> str:
     return f"{source}: {key} = {value!r}: {message}; fix it in {source}"
 
 
-def config_from_dict(values: dict[str, Any], source: str = "params.yaml") -> PipelineConfig:
-    """Validate a nested dict into a `PipelineConfig`; `ConfigError` lists every problem."""
+def config_from_dict(values: dict[str, Any], source: str = "params.yaml",
+                     overridden: frozenset[str] = frozenset()) -> PipelineConfig:
+    """Validate a nested dict into a `PipelineConfig`; `ConfigError` lists every problem.
+
+    `overridden` names the dotted keys that came from the command line, not from `source`.
+    """
     if not isinstance(values, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(values).__name__}")
     try:
         return TypeAdapter(PipelineConfig).validate_python(values)
     except ValidationError as error:
-        messages = [_format_error(item, source) for item in error.errors()]
+        messages = [_format_error(item, source, overridden) for item in error.errors()]
         raise ConfigError("; ".join(messages)) from None
 
 
@@ -166,7 +172,7 @@ def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
         for parent in parents:
             section = section.setdefault(parent, {})
         section[leaf] = value
-    return config_from_dict(values, source=str(path))
+    return config_from_dict(values, source=str(path), overridden=frozenset(overrides or {}))
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -1,0 +1,70 @@
+"""Embedded defaults for the services, and small MLflow helpers.
+
+Without configuration the pipeline runs on embedded services kept under one run directory
+(`paths.run_dir`, `.dreamgym/` by default): MLflow on SQLite with its artifacts beside it, and
+Prefect's temporary local server with its database in a Prefect home there. The usual environment
+variables (`MLFLOW_TRACKING_URI`, `PREFECT_API_URL`, `PREFECT_HOME`) point at a team's services
+instead and always win.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+
+def configure_services(run_dir: str | Path) -> dict[str, str]:
+    """Set the embedded defaults for what the environment leaves unset; return the effective ones.
+
+    Call before Prefect is imported: it reads its settings at import.
+    """
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    defaults = {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'mlflow.db'}",
+        "PREFECT_HOME": str(run_dir / "prefect"),
+        # No network here: telemetry would only log failures.
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # The temporary server creates its database on first start, slowly on a loaded machine.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in defaults}
+
+
+def artifact_root(run_dir: str | Path) -> str | None:
+    """Where a new experiment keeps artifacts: beside the SQLite store for the embedded default;
+    a tracking server decides for itself."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    return (Path(run_dir).resolve() / "mlartifacts").as_uri()
+
+
+def experiment_id(name: str, run_dir: str | Path) -> str:
+    """The id of the named experiment, created on first use."""
+    import mlflow  # noqa: PLC0415 - slow import
+
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    return mlflow.create_experiment(name, artifact_location=artifact_root(run_dir))
+
+
+def git_commit(project_dir: str | Path) -> str:
+    """HEAD's commit, with '-dirty' when the working tree has uncommitted changes; 'unknown'
+    outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=project_dir, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "unknown"
+    return f"{commit}-dirty" if dirty else commit

@@ -1,0 +1,151 @@
+"""Ingest flow: games → collect → validate → version, logged to MLflow.
+
+Generates the training and held-out TextWorld games, collects offline trajectories on the
+training games, validates them with Great Expectations (quarantining bad rows), and versions the
+dataset with DVC. One MLflow run records the parameters, the dataset (with the DVC md5 as its
+digest), the collection and validation metrics and the validation report.
+
+Every step reuses what is already there: existing games are not regenerated, a collection with
+the same games and settings is not repeated, and unchanged data keeps its DVC version.
+
+Run it with `dreamgym run` (or `dreamgym ingest`), which sets up the embedded services first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import mlflow
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from dreamgym.config import GamesConfig, PipelineConfig, ValidationConfig, config_to_dict, flatten
+from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
+from dreamgym.data.games import generate_games, plan_games
+from dreamgym.data.schema import read_transitions
+from dreamgym.data.validation import ValidationResult, validate_transitions
+from dreamgym.data.versioning import DataVersion, version_data
+from dreamgym.errors import DreamgymError
+from dreamgym.tracking import experiment_id, git_commit
+
+TRAJECTORIES_FILE = "trajectories/offline.parquet"
+
+
+@task(name="generate-games", retries=1)
+def generate_games_task(out_dir: str, split: str, count: int, seed: int, games: GamesConfig,
+                        ) -> list[str]:
+    paths, made = generate_games(plan_games(games, split, count, seed), out_dir,
+                                 workers=games.workers)
+    get_run_logger().info("%s games in %s: %d made, %d reused", split, out_dir, made, len(paths) - made)
+    return [str(path) for path in paths]
+
+
+@task(name="collect-trajectories")
+def collect_task(games: list[str], out: str, settings: CollectionSettings, workers: int,
+                 run_id: str) -> CollectionResult:
+    result = collect(games, out, settings, workers=workers, run_id=run_id)
+    get_run_logger().info("%s %d transitions in %d trajectories (success %.0f%%) in %.1fs",
+                          "reused" if result.reused else "collected", result.transitions,
+                          result.trajectories, 100 * result.success_rate, result.seconds)
+    return result
+
+
+@task(name="validate-trajectories")
+def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> ValidationResult:
+    out = Path(out_dir)
+    result = validate_transitions(trajectories, config, quarantine_path=out / "quarantine.parquet",
+                                  report_path=out / "report.json", clean_path=out / "validated.parquet")
+    get_run_logger().info(result.summary())
+    return result
+
+
+@task(name="version-data", retries=2, retry_delay_seconds=2)
+def version_task(project_dir: str, data_dir: str) -> DataVersion:
+    version = version_data(project_dir, data_dir)
+    get_run_logger().info("data version %s (%s)", version.md5, "new" if version.changed else "unchanged")
+    return version
+
+
+def _log_dataset(path: str, version: DataVersion) -> None:
+    """Record the dataset as the run's input, identified by its DVC md5."""
+    frame = read_transitions(path).to_pandas()
+    dataset = mlflow.data.from_pandas(frame, source=str(Path(path).resolve()),
+                                      name="offline-transitions", digest=version.md5)
+    mlflow.log_input(dataset, context="offline", tags={"dvc_md5": version.md5,
+                                                      "dvc_file": Path(version.dvc_file).name})
+
+
+@flow(name="ingest")
+def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
+    """Make (or reuse) the versioned offline dataset and return what a next stage needs."""
+    project = Path(project_dir).resolve()
+    data_dir = project / config.paths.data_dir
+    outputs_dir = project / config.paths.outputs_dir / "validation"
+    settings = CollectionSettings(policy=config.collect.policy, epsilon=config.collect.epsilon,
+                                  episodes_per_game=config.collect.episodes_per_game,
+                                  seed=config.seed, max_steps=config.env.max_steps)
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
+    with mlflow.start_run(run_name="ingest") as run:
+        mlflow.set_tags({"dreamgym.stage": "ingest", "git_commit": git_commit(project),
+                         "prefect.flow_run_id": str(flow_run.get_id())})
+        mlflow.log_params(flatten(config_to_dict(config)))
+
+        train_games = generate_games_task(str(data_dir / "games" / "train"), "train",
+                                          config.games.train_count, config.seed, config.games)
+        test_games = generate_games_task(str(data_dir / "games" / "test"), "test",
+                                         config.games.test_count, config.seed, config.games)
+        collection = collect_task(train_games, str(data_dir / TRAJECTORIES_FILE), settings,
+                                  config.collect.workers, run.info.run_id)
+        mlflow.log_metrics({"train_games": len(train_games), "test_games": len(test_games),
+                            "collect_transitions": collection.transitions,
+                            "collect_trajectories": collection.trajectories,
+                            "collect_success_rate": collection.success_rate,
+                            "collect_mean_steps": collection.mean_steps,
+                            "collect_seconds": collection.seconds})
+
+        validation = validate_task(collection.path, str(outputs_dir), config.validation)
+        mlflow.log_metrics({"validation_rows": validation.rows,
+                            "validation_quarantined_rows": validation.quarantined_rows,
+                            "validation_bad_fraction": validation.bad_fraction,
+                            "validation_passed": float(validation.passed)})
+        mlflow.log_artifact(validation.report_path, artifact_path="validation")
+        mlflow.log_artifact(validation.quarantine_path, artifact_path="validation")
+        if not validation.passed:
+            raise DreamgymError(
+                f"validation failed: {validation.bad_fraction:.1%} of rows quarantined, above "
+                f"validation.max_bad_fraction={config.validation.max_bad_fraction:g}; see "
+                f"{validation.quarantine_path} for the rows and reasons")
+
+        version = version_task(str(project), config.paths.data_dir)
+        mlflow.set_tag("dreamgym.data_md5", version.md5)
+        _log_dataset(validation.clean_path, version)
+
+        summary = {
+            "mlflow_run_id": run.info.run_id,
+            "data_md5": version.md5,
+            "data_changed": version.changed,
+            "train_games": len(train_games),
+            "test_games": len(test_games),
+            "collection": asdict(collection),
+            "validation": asdict(validation),
+            "validated_path": validation.clean_path,
+            "test_games_dir": str(data_dir / "games" / "test"),
+        }
+        create_markdown_artifact(key="ingest-summary", markdown=_markdown(summary),
+                                 description="Offline dataset made by the ingest flow")
+        return summary
+
+
+def _markdown(summary: dict) -> str:
+    collection, validation = summary["collection"], summary["validation"]
+    rows = [
+        ("data version (DVC md5)", summary["data_md5"]),
+        ("games (train / test)", f"{summary['train_games']} / {summary['test_games']}"),
+        ("transitions / trajectories", f"{collection['transitions']} / {collection['trajectories']}"),
+        ("success rate in the data", f"{collection['success_rate']:.1%}"),
+        ("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})"),
+        ("MLflow run", summary["mlflow_run_id"]),
+    ]
+    return "## Ingest\n\n| | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
