@@ -128,10 +128,10 @@ class PipelineConfig:
 
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:
     key = ".".join(str(part) for part in error["loc"])
-    if key in overridden:
-        source = "the command line"
     value = error.get("input")
     message = error["msg"].removeprefix("Value error, ")
+    if key in overridden:  # the CLI option is named after the key's last part
+        return f"--{key.rsplit('.', 1)[-1].replace('_', '-')} {value!r}: {message}"
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return f"{source}: unknown key '{key}'; remove it or check its spelling"
     if error["type"] == "missing":

@@ -86,6 +86,8 @@ def parse_state(text: str) -> AbstractState:
     lists = {}
     for name in ("visible", "inventory", "actions"):
         items = tuple(values[name].split(ITEM_SEPARATOR)) if values[name] else ()
+        for item in items:
+            _check_item(name, item)
         if list(items) != sorted(items):
             raise StateParseError(f"{name} items are not sorted")
         if len(set(items)) != len(items):

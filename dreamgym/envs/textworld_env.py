@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -171,7 +172,11 @@ class TextWorldEnv:
             infos = textworld.EnvInfos(facts=True, admissible_commands=True, policy_commands=True,
                                        won=True, lost=True, score=True, max_score=True,
                                        objective=True)
-            self._game = textworld.start(game_file, request_infos=infos)
+            with warnings.catch_warnings():
+                # Jericho does not know TextWorld's generated games and says so on every load;
+                # scores come from TextWorld's own state tracking, which is exact.
+                warnings.simplefilter("ignore", UserWarning)
+                self._game = textworld.start(game_file, request_infos=infos)
             self._game_file = game_file
         self._task = task
         game_state = self._game.reset()

@@ -1,0 +1,66 @@
+from pathlib import Path
+
+import pytest
+
+from dreamgym.config import ConfigError, PipelineConfig, config_to_dict, flatten, load_config
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+def test_params_yaml_is_valid_and_matches_the_defaults():
+    assert load_config(PARAMS) == PipelineConfig()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"collect.epsilon": 1.5}, "params.yaml: collect.epsilon = 1.5: Input should be less than or equal to 1"),
+    ({"collect.epsillon": 0.1}, "unknown key 'collect.epsillon'; remove it or check its spelling"),
+    ({"env.max_steps": "many"}, "env.max_steps = 'many': Input should be a valid integer"),
+    ({"validation.reward_min": 20}, "reward_min (20.0) is above reward_max (10.0): swap them"),
+])
+def test_bad_values_name_the_key_and_the_fix(tmp_path, overrides, message):
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS.read_text())
+    with pytest.raises(ConfigError) as error:
+        config_from_file_with(params, overrides)
+    assert message in str(error.value)
+
+
+def config_from_file_with(params, overrides):
+    # Overrides written into the file, so the message refers to params.yaml, not the command line.
+    import yaml
+
+    values = yaml.safe_load(params.read_text())
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        section = values
+        for parent in parents:
+            section = section[parent]
+        section[leaf] = value
+    params.write_text(yaml.safe_dump(values))
+    return load_config(params)
+
+
+def test_unsupported_room_count_is_explained():
+    with pytest.raises(ConfigError, match="go value 2 is not supported by tw-cooking: use one of 1, 6, 9, 12"):
+        load_config(PARAMS, {"games.go": [2]})
+
+
+def test_command_line_overrides_are_named_as_options():
+    with pytest.raises(ConfigError, match=r"^--policy 'greedy': Input should be"):
+        load_config(PARAMS, {"collect.policy": "greedy"})
+    assert load_config(PARAMS, {"collect.epsilon": 0.5}).collect.epsilon == 0.5
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("games: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+
+
+def test_flatten_gives_dotted_params():
+    flat = flatten(config_to_dict(PipelineConfig()))
+    assert flat["collect.epsilon"] == 0.3
+    assert flat["games.go"] == [1, 6]

@@ -1,0 +1,53 @@
+import hashlib
+
+import pytest
+
+from dreamgym.config import GamesConfig
+from dreamgym.data.games import generate_games, list_games, plan_games
+from dreamgym.errors import DreamgymError
+
+
+def test_plan_is_deterministic_and_draws_from_the_configured_settings():
+    config = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6))
+    plan = plan_games(config, "train", 30, seed=3)
+    assert plan == plan_games(config, "train", 30, seed=3)
+    assert plan != plan_games(config, "train", 30, seed=4)
+    assert {spec.recipe for spec in plan} == {1, 2} and {spec.go for spec in plan} == {1, 6}
+    assert all(spec.take <= spec.recipe for spec in plan)
+    assert len({spec.name for spec in plan}) == 30
+    assert plan[0].name.startswith("cooking-train-r") and plan[0].name.endswith("-okc-s300000")
+
+
+def test_unknown_split_is_rejected():
+    with pytest.raises(DreamgymError, match="unknown split 'dev': use one of train, valid, test"):
+        plan_games(GamesConfig(), "dev", 1, 0)
+
+
+def test_existing_games_are_reused_and_a_seed_gives_identical_files(train_games, tmp_path):
+    config = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3)
+    specs = plan_games(config, "train", 3, seed=0)
+    before = {path: path.stat().st_mtime_ns for path in train_games}
+    paths, made = generate_games(specs, train_games[0].parent, progress=False)
+    assert (paths, made) == (train_games, 0)
+    assert {path: path.stat().st_mtime_ns for path in train_games} == before
+
+    again, made = generate_games(specs[:1], tmp_path, progress=False)
+    assert made == 1
+    for suffix in (".z8", ".json"):
+        digest = [hashlib.md5(p.with_suffix(suffix).read_bytes()).hexdigest() for p in (again[0], train_games[0])]
+        assert digest[0] == digest[1], f"{suffix} differs between two generations of the same seed"
+    assert not list(tmp_path.glob(".tw-make-*")), "scratch folders must be cleaned up"
+
+
+def test_a_half_written_game_is_made_again(train_games, tmp_path):
+    spec = plan_games(GamesConfig(recipe=(1,), take=(1,), go=(1,)), "train", 1, seed=9)[0]
+    (tmp_path / f"{spec.name}.z8").write_bytes(train_games[0].read_bytes()[:100])
+    paths, made = generate_games([spec], tmp_path, progress=False)
+    assert made == 1 and list_games(tmp_path) == paths
+
+
+def test_list_games_explains_an_empty_or_missing_folder(tmp_path):
+    with pytest.raises(DreamgymError, match="does not exist"):
+        list_games(tmp_path / "nope")
+    with pytest.raises(DreamgymError, match="no .z8 games"):
+        list_games(tmp_path)

@@ -1,0 +1,52 @@
+import pytest
+
+from dreamgym.state import AbstractState, StateParseError, format_state, item_name, parse_state
+
+STATE = AbstractState(
+    location="kitchen",
+    visible=("table", "knife (on table)", "fridge (open)", "red apple (sliced, in fridge)"),
+    inventory=("cookbook",),
+    actions=("take knife from table", "close fridge", "go north"),
+)
+
+
+def test_format_is_sorted_and_round_trips():
+    text = format_state(STATE)
+    assert text.splitlines() == [
+        "location: kitchen",
+        "visible: fridge (open); knife (on table); red apple (sliced, in fridge); table",
+        "inventory: cookbook",
+        "actions: close fridge; go north; take knife from table",
+    ]
+    assert parse_state(text) == STATE
+    assert parse_state(text).to_text() == text
+
+
+def test_empty_fields_round_trip():
+    empty = AbstractState(location="hall")
+    assert format_state(empty) == "location: hall\nvisible:\ninventory:\nactions:"
+    assert parse_state(format_state(empty)) == empty
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("location: kitchen\nvisible:\ninventory:", "expected 4 lines"),
+    ("place: kitchen\nvisible:\ninventory:\nactions:", "'location:'"),
+    ("location:\nvisible:\ninventory:\nactions:", "location is empty"),
+    ("location: k\nvisible: b; a\ninventory:\nactions:", "not sorted"),
+    ("location: k\nvisible: a; a\ninventory:\nactions:", "repeated"),
+    ("location: k\nvisible:a\ninventory:\nactions:", "missing space"),
+    ("location: k\nvisible: a;  b\ninventory:\nactions:", "surrounding spaces"),
+])
+def test_parser_rejects_malformed_text_with_the_reason(text, problem):
+    with pytest.raises(StateParseError, match=problem):
+        parse_state(text)
+
+
+def test_items_cannot_break_the_format():
+    with pytest.raises(StateParseError, match="contains ';'"):
+        AbstractState(location="k", inventory=("a; b",))
+
+
+def test_item_name_drops_descriptors():
+    assert item_name("red apple (sliced, in fridge)") == "red apple"
+    assert item_name("table") == "table"

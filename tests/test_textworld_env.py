@@ -1,0 +1,105 @@
+"""The TextWorld adapter on real generated games."""
+
+import pytest
+
+from dreamgym.envs.base import EnvError, GameFileError, Task
+from dreamgym.envs.checker import EnvCheckError, check_env
+from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, compact_recipe, load_task
+from dreamgym.state import parse_state
+
+
+def test_check_env_passes_on_every_generated_game(train_games, test_games):
+    tasks = [load_task(game) for game in train_games + test_games]
+    check_env(lambda: TextWorldEnv(max_steps=15), tasks)
+
+
+def test_check_env_catches_a_broken_environment(train_games):
+    class MergesDoneFlags(TextWorldEnv):
+        def step(self, action):
+            observation, reward, terminated, truncated, info = super().step(action)
+            return observation, reward, terminated or truncated, truncated, info
+
+    with pytest.raises(EnvCheckError, match="never both"):
+        check_env(lambda: MergesDoneFlags(max_steps=3), [load_task(train_games[0])])
+
+
+def test_expert_wins_and_rewards_add_up_to_the_max_score(train_games):
+    env = TextWorldEnv(max_steps=100)
+    for game in train_games:
+        observation, info = env.reset(load_task(game))
+        total, terminated = 0.0, False
+        while not terminated:
+            observation, reward, terminated, truncated, info = env.step(info["expert_action"])
+            total += reward
+            assert not truncated
+        assert info["won"] and not info["lost"]
+        assert total == info["max_score"] == info["score"]
+    env.close()
+
+
+def test_state_shows_location_visible_inventory_and_sorted_actions(train_games):
+    env = TextWorldEnv()
+    observation, info = env.reset(load_task(train_games[0]))
+    state = parse_state(observation)
+    assert state.location
+    assert "cookbook" in {item.split(" (")[0] for item in state.visible + state.inventory}
+    assert list(state.actions) == sorted(state.actions)
+    assert info["expert_action"] in state.actions
+    env.close()
+
+
+def test_unknown_and_inadmissible_actions_change_nothing(train_games):
+    env = TextWorldEnv()
+    observation, _ = env.reset(load_task(train_games[0]))
+    for action in ("dance with the fridge", "take the moon", ""):
+        after, reward, terminated, truncated, _ = env.step(action)
+        assert (after, reward, terminated, truncated) == (observation, 0.0, False, False)
+    env.close()
+
+
+def test_truncated_at_the_step_limit_not_terminated(train_games):
+    env = TextWorldEnv(max_steps=3)
+    env.reset(load_task(train_games[0]))
+    results = [env.step("look") for _ in range(3)]
+    assert [r[3] for r in results] == [False, False, True]
+    assert not any(r[2] for r in results)
+    with pytest.raises(EnvError, match="after the episode ended"):
+        env.step("look")
+    env.close()
+
+
+def test_task_instruction_carries_the_recipe(train_games):
+    task = load_task(train_games[0])
+    assert task.task_id == train_games[0].stem
+    assert "Recipe: ingredients:" in task.instruction and "directions:" in task.instruction
+
+
+def test_compact_recipe():
+    text = ("\nRecipe #1\n---------\nGather all.\n\nIngredients:\nred apple\n  white onion\n\n"
+            "Directions:\nslice the red apple\n  prepare meal\n")
+    assert compact_recipe(text) == ("Recipe: ingredients: red apple, white onion. "
+                                    "directions: slice the red apple; prepare meal.")
+
+
+def test_missing_and_corrupt_game_files_are_rejected_before_loading(train_games, tmp_path):
+    with pytest.raises(GameFileError, match="does not exist"):
+        check_game_file(tmp_path / "nope.z8")
+    story = train_games[0].read_bytes()
+    truncated = tmp_path / "truncated.z8"
+    truncated.write_bytes(story[:2000])
+    with pytest.raises(GameFileError, match="truncated"):
+        check_game_file(truncated)
+    flipped = tmp_path / "flipped.z8"
+    flipped.write_bytes(story[:5000] + bytes([story[5000] ^ 0xFF]) + story[5001:])
+    flipped.with_suffix(".json").write_bytes(train_games[0].with_suffix(".json").read_bytes())
+    with pytest.raises(GameFileError, match="checksum"):
+        check_game_file(flipped)
+    no_metadata = tmp_path / "alone.z8"
+    no_metadata.write_bytes(story)
+    with pytest.raises(GameFileError, match="no alone.json"):
+        check_game_file(no_metadata)
+    with pytest.raises(GameFileError, match="not a Z-machine"):
+        (tmp_path / "text.z8").write_text("hello" * 100)
+        check_game_file(tmp_path / "text.z8")
+    with pytest.raises(GameFileError, match="does not exist"):
+        TextWorldEnv().reset(Task("x", "cook", "textworld", game_file=str(tmp_path / "nope.z8")))
