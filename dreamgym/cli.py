@@ -57,9 +57,10 @@ def _print_run_summary(summary: dict, services: dict[str, str]) -> None:
     table.add_row("success rate in the data", f"{collection['success_rate']:.1%}")
     table.add_row("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})")
     table.add_row("MLflow run", summary["mlflow_run_id"])
-    Console().print(table)
+    out = Console(soft_wrap=True)
+    out.print(table)
     tracking = services["MLFLOW_TRACKING_URI"]
-    Console().print(f"MLflow UI:  mlflow ui --backend-store-uri {tracking}\n"
+    out.print(f"MLflow UI:  mlflow ui --backend-store-uri {tracking}\n"
                     f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start")
 
 

@@ -13,6 +13,7 @@ Run it with `dreamgym run` (or `dreamgym ingest`), which sets up the embedded se
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -71,8 +72,12 @@ def version_task(project_dir: str, data_dir: str) -> DataVersion:
 def _log_dataset(path: str, version: DataVersion) -> None:
     """Record the dataset as the run's input, identified by its DVC md5."""
     frame = read_transitions(path).to_pandas()
-    dataset = mlflow.data.from_pandas(frame, source=str(Path(path).resolve()),
-                                      name="offline-transitions", digest=version.md5)
+    with warnings.catch_warnings():
+        # MLflow hints that integer columns cannot hold missing values (ours never do) and that a
+        # local path could be one of two equivalent local source kinds.
+        warnings.simplefilter("ignore", UserWarning)
+        dataset = mlflow.data.from_pandas(frame, source=str(Path(path).resolve()),
+                                          name="offline-transitions", digest=version.md5)
     mlflow.log_input(dataset, context="offline", tags={"dvc_md5": version.md5,
                                                       "dvc_file": Path(version.dvc_file).name})
 

@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+# Prefect reads its settings at import: no telemetry (no network here), patience on a slow start.
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 
 from dreamgym.config import GamesConfig  # noqa: E402
 from dreamgym.data.collect import CollectionSettings, collect  # noqa: E402
@@ -43,3 +47,25 @@ def offline_dataset(train_games, tmp_path_factory) -> Path:
     collect(train_games, out, CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30),
             workers=2, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """One temporary Prefect server (with its own database) for every flow test."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def mlflow_tracking(tmp_path, monkeypatch) -> str:
+    """A private MLflow store (SQLite) for one test."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    mlflow.set_tracking_uri(None)

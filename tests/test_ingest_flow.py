@@ -1,0 +1,85 @@
+"""The ingest flow end to end: real games, real collection, GX validation, DVC, MLflow, Prefect."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dreamgym.config import load_config
+from dreamgym.data.versioning import read_version
+from dreamgym.errors import DreamgymError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"games.train_count": 3, "games.test_count": 1, "collect.episodes_per_game": 3,
+        "env.max_steps": 30}
+
+
+@pytest.fixture
+def project(tmp_path, train_games, test_games) -> Path:
+    """A project checkout with the session's games already in place (same seed and settings)."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    for split, games in (("train", train_games), ("test", test_games)):
+        target = tmp_path / "data" / "games" / split
+        target.mkdir(parents=True)
+        for game in games:
+            for suffix in (".z8", ".json", ".ni"):
+                shutil.copy(game.with_suffix(suffix), target)
+    return tmp_path
+
+
+def _runs(experiment: str):
+    experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
+    return MlflowClient().search_runs([experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_server, mlflow_tracking):
+    from flows.ingest import ingest
+
+    config = load_config(ROOT / "params.yaml", TINY)
+    games = sorted((project / "data" / "games").rglob("*.z8"))
+    mtimes = {game: game.stat().st_mtime_ns for game in games}
+
+    first = ingest(config, str(project))
+    version = read_version(project)
+    assert first["data_md5"] == version.md5 and first["data_changed"]
+    assert first["train_games"] == 3 and first["test_games"] == 1
+    assert first["collection"]["trajectories"] == 9 and not first["collection"]["reused"]
+    assert 0.0 < first["collection"]["success_rate"] <= 1.0
+    assert first["validation"]["passed"] and first["validation"]["quarantined_rows"] == 0
+
+    [run] = _runs(config.experiment)
+    assert run.info.status == "FINISHED" and run.info.run_id == first["mlflow_run_id"]
+    assert run.data.params["collect.epsilon"] == "0.3" and run.data.params["games.train_count"] == "3"
+    assert run.data.tags["dreamgym.data_md5"] == version.md5
+    assert run.data.metrics["collect_transitions"] == first["collection"]["transitions"]
+    assert run.data.metrics["validation_bad_fraction"] == 0.0
+    [dataset_input] = run.inputs.dataset_inputs
+    assert dataset_input.dataset.digest == version.md5
+    assert dataset_input.dataset.name == "offline-transitions"
+    artifacts = {item.path for item in MlflowClient().list_artifacts(run.info.run_id, "validation")}
+    assert artifacts == {"validation/report.json", "validation/quarantine.parquet"}
+
+    second = ingest(config, str(project))
+    assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
+    assert second["collection"]["reused"]
+    assert second["collection"]["transitions"] == first["collection"]["transitions"]
+    assert (second["data_md5"], second["data_changed"]) == (first["data_md5"], False)
+    assert len(_runs(config.experiment)) == 2
+
+
+def test_failed_validation_stops_before_versioning(project, prefect_server, mlflow_tracking):
+    from flows.ingest import ingest
+
+    # Every state is longer than this, so every row is quarantined.
+    config = load_config(ROOT / "params.yaml", {**TINY, "validation.max_text_chars": 16})
+    with pytest.raises(DreamgymError, match="validation failed: 100.0% of rows quarantined"):
+        ingest(config, str(project))
+    assert read_version(project) is None, "data that failed validation must not be versioned"
+    [run] = _runs(config.experiment)
+    assert run.info.status == "FAILED"
+    assert run.data.metrics["validation_bad_fraction"] == 1.0
+    quarantine = project / "outputs" / "validation" / "quarantine.parquet"
+    assert quarantine.is_file()
