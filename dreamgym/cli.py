@@ -7,7 +7,6 @@ exits 1.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -133,13 +132,8 @@ def validate(
 
     config = _config(params, {"validation.max_bad_fraction": max_bad_fraction})
     result = validate_transitions(file, config.validation, quarantine_path=quarantine,
-                                  report_path=report, clean_path=clean)
-    console.print(result.summary())
-    if metrics:
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        metrics.write_text(json.dumps({"rows": result.rows, "quarantined_rows": result.quarantined_rows,
-                                       "bad_fraction": result.bad_fraction,
-                                       "passed": result.passed}, indent=2))
+                                  report_path=report, clean_path=clean, metrics_path=metrics)
+    console.print(result.summary(), markup=False)
     if not result.passed:
         raise typer.Exit(1)
 

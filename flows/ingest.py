@@ -27,7 +27,7 @@ from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
-from dreamgym.data.versioning import DataVersion, version_data
+from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.errors import DreamgymError
 from dreamgym.tracking import experiment_id, git_commit
 
@@ -56,8 +56,10 @@ def collect_task(games: list[str], out: str, settings: CollectionSettings, worke
 @task(name="validate-trajectories")
 def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> ValidationResult:
     out = Path(out_dir)
+    # The same outputs as the `validate` stage of dvc.yaml.
     result = validate_transitions(trajectories, config, quarantine_path=out / "quarantine.parquet",
-                                  report_path=out / "report.json", clean_path=out / "validated.parquet")
+                                  report_path=out / "report.json", clean_path=out / "validated.parquet",
+                                  metrics_path=out / "metrics.json")
     get_run_logger().info(result.summary())
     return result
 
@@ -65,6 +67,8 @@ def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> 
 @task(name="version-data", retries=2, retry_delay_seconds=2)
 def version_task(project_dir: str, data_dir: str) -> DataVersion:
     version = version_data(project_dir, data_dir)
+    if (Path(project_dir) / "dvc.yaml").is_file():
+        commit_stage(project_dir, "validate")
     get_run_logger().info("data version %s (%s)", version.md5, "new" if version.changed else "unchanged")
     return version
 

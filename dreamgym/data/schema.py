@@ -47,6 +47,9 @@ TRANSITION_SCHEMA = pa.schema([
     pa.field("content_hash", pa.string(), nullable=False),
 ])
 COLUMNS = tuple(TRANSITION_SCHEMA.names)
+# The same columns with every field nullable: how validation holds rows that lack a required
+# value, so that they can be quarantined rather than refused with the whole file.
+NULLABLE_SCHEMA = pa.schema([field.with_nullable(True) for field in TRANSITION_SCHEMA])
 
 CONTENT_FIELDS = ("env", "task_id", "trajectory_id", "step", "state", "action", "next_state",
                   "reward", "terminated", "truncated", "source")
@@ -103,8 +106,12 @@ def check_columns(schema: pa.Schema, path: str | Path) -> None:
         raise SchemaError(f"{path}: wrong column types: {'; '.join(wrong)}")
 
 
-def read_transitions(path: str | Path) -> pa.Table:
-    """Read a transitions file, checking columns and types; extra columns are dropped."""
+def read_transitions(path: str | Path, allow_nulls: bool = False) -> pa.Table:
+    """Read a transitions file, checking columns and types; extra columns are dropped.
+
+    Nulls in required columns are refused unless `allow_nulls` (validation reads them to
+    quarantine the rows); the table then has `NULLABLE_SCHEMA`.
+    """
     path = Path(path)
     if not path.is_file():
         raise SchemaError(f"transitions file {path} does not exist")
@@ -113,7 +120,15 @@ def read_transitions(path: str | Path) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as error:
         raise SchemaError(f"{path} is not a readable Parquet file ({error})") from None
     check_columns(schema, path)
-    return pq.read_table(path, columns=list(COLUMNS)).cast(TRANSITION_SCHEMA)
+    table = pq.read_table(path, columns=list(COLUMNS))
+    if allow_nulls:
+        return table.cast(NULLABLE_SCHEMA)
+    with_nulls = [name for name in COLUMNS
+                  if not TRANSITION_SCHEMA.field(name).nullable and table[name].null_count]
+    if with_nulls:
+        raise SchemaError(f"{path}: null values in required columns {', '.join(with_nulls)}; "
+                          "`dreamgym validate` quarantines such rows")
+    return table.cast(TRANSITION_SCHEMA)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ the GX validation result.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,19 +40,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dreamgym.config import ValidationConfig
-from dreamgym.data.schema import (COLUMNS, METADATA_KEY, SOURCES, TRANSITION_SCHEMA, SchemaError,
+from dreamgym.data.schema import (METADATA_KEY, NULLABLE_SCHEMA, SOURCES, TRANSITION_SCHEMA,
                                   read_transitions, write_transitions)
 from dreamgym.errors import DreamgymError
 from dreamgym.state import StateParseError, parse_state
 
 REQUIRED_COLUMNS = tuple(f.name for f in TRANSITION_SCHEMA if not f.nullable)
-# Rows that fail a not-null check still have to be read (and quarantined), so they are held in
-# this schema: same columns and types, every field nullable.
-NULLABLE_SCHEMA = pa.schema([f.with_nullable(True) for f in TRANSITION_SCHEMA])
 
 # Checks computed with pandas as boolean columns; name -> reason given to a failing row.
 DERIVED_CHECKS = {
-    "check_step_contiguous": "step out of sequence (a trajectory's rows must have steps 0, 1, 2, ...)",
+    "check_step_contiguous": "step out of sequence within its trajectory",
     "check_last_step_ends": "last step of its trajectory is neither terminated nor truncated",
     "check_only_last_step_ends": "terminated or truncated before the last step of its trajectory",
     "check_not_both_ended": "both terminated and truncated",
@@ -76,27 +74,31 @@ class Check:
 
 def suite_checks(config: ValidationConfig) -> list[Check]:
     """The table of checks, in the order a row's reasons are listed."""
+    lengths, in_set = "ExpectColumnValueLengthsToBeBetween", "ExpectColumnValuesToBeInSet"
     checks = [Check(f"not_null_{c}", f"{c} is null", "ExpectColumnValuesToNotBeNull", {"column": c})
               for c in REQUIRED_COLUMNS]
     for column in ("state", "action"):
-        checks.append(Check(f"nonempty_{column}", f"{column} is empty",
-                            "ExpectColumnValueLengthsToBeBetween", {"column": column, "min_value": 1}))
+        checks.append(Check(f"nonempty_{column}", f"{column} is empty", lengths,
+                            {"column": column, "min_value": 1}))
     limits = {"state": config.max_text_chars, "next_state": config.max_text_chars,
               "instruction": config.max_text_chars, "action": config.max_action_chars}
     for column, limit in limits.items():
         checks.append(Check(f"max_length_{column}", f"{column} is longer than {limit} characters",
-                            "ExpectColumnValueLengthsToBeBetween", {"column": column, "max_value": limit}))
-    checks.append(Check("reward_range", f"reward outside [{config.reward_min:g}, {config.reward_max:g}]",
+                            lengths, {"column": column, "max_value": limit}))
+    low, high = config.reward_min, config.reward_max
+    checks.append(Check("reward_range", f"reward outside [{low:g}, {high:g}]",
                         "ExpectColumnValuesToBeBetween",
-                        {"column": "reward", "min_value": config.reward_min, "max_value": config.reward_max}))
-    checks.append(Check("source_in_set", f"source is not one of {', '.join(SOURCES)}",
-                        "ExpectColumnValuesToBeInSet", {"column": "source", "value_set": list(SOURCES)}))
-    checks += [Check(name, reason, "ExpectColumnValuesToBeInSet", {"column": name, "value_set": [True]})
+                        {"column": "reward", "min_value": low, "max_value": high}))
+    checks.append(Check("source_in_set", f"source is not one of {', '.join(SOURCES)}", in_set,
+                        {"column": "source", "value_set": list(SOURCES)}))
+    checks += [Check(name, reason, in_set, {"column": name, "value_set": [True]})
                for name, reason in DERIVED_CHECKS.items()]
     return checks
 
 
 def _parse_error(text: Any) -> str | None:
+    if pd.isna(text):
+        return None  # reported as null, not also as unparseable
     try:
         parse_state(text)
     except StateParseError as error:
@@ -105,6 +107,8 @@ def _parse_error(text: Any) -> str | None:
 
 
 def _action_available(state: Any, action: Any) -> bool:
+    if pd.isna(state) or pd.isna(action):
+        return True  # reported as null
     try:
         return action in parse_state(state).actions
     except StateParseError:
@@ -147,7 +151,8 @@ def derive_checks(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Series]]
     first_row = pd.Series(first.index, index=first["content_hash"])
     first_row = first_row[~first_row.index.duplicated()]
     details = {
-        "check_step_contiguous": "expected " + position.astype(str) + ", got " + first["step"].astype(str),
+        "check_step_contiguous": ("expected " + position.astype(str)
+                                  + ", got " + first["step"].astype(str)),
         "check_state_parses": state_errors,
         "check_next_state_parses": next_state_errors,
         "check_unique_content_hash": "same as row " + hashes[duplicate].map(first_row).astype(str),
@@ -168,8 +173,8 @@ def _failed_rows(frame: pd.DataFrame, checks: list[Check]) -> tuple[dict[str, li
              .get_batch(batch_parameters={"dataframe": frame}))
     suite = gx.ExpectationSuite(name="dreamgym_transitions")
     for check in checks:
-        expectation = getattr(gxe, check.expectation)(**check.kwargs, meta={"dreamgym_check": check.name})
-        suite.add_expectation(expectation)
+        expectation = getattr(gxe, check.expectation)
+        suite.add_expectation(expectation(**check.kwargs, meta={"dreamgym_check": check.name}))
     result = batch.validate(suite, result_format="COMPLETE")
 
     failed: dict[str, list[int]] = {}
@@ -179,12 +184,14 @@ def _failed_rows(frame: pd.DataFrame, checks: list[Check]) -> tuple[dict[str, li
             # The expectation itself errored (GX catches it); no rows can be blamed, so stop.
             messages = {str(info.get("exception_message")) for info in item.exception_info.values()
                         if isinstance(info, dict)} or {str(item.exception_info)}
-            raise DreamgymError(f"validation check {name} could not run: {'; '.join(sorted(messages))}")
+            raise DreamgymError(f"validation check {name} could not run: "
+                                f"{'; '.join(sorted(messages))}")
         failed[name] = [int(index) for index in item.result["unexpected_index_list"]]
     return failed, result.to_json_dict()
 
 
-def _direct_reasons(df: pd.DataFrame, config: ValidationConfig) -> tuple[dict[int, list[str]], Counter, dict]:
+def _direct_reasons(df: pd.DataFrame, config: ValidationConfig
+                    ) -> tuple[dict[int, list[str]], Counter, dict]:
     """Rows failing a check themselves, the count of rows by check reason, and the GX result."""
     frame, details = derive_checks(df.reset_index(drop=True))
     checks = suite_checks(config)
@@ -240,51 +247,55 @@ class ValidationResult:
 
     def summary(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
+        trajectories = self.quarantined_trajectories
         lines = [f"validation {verdict}: {self.valid_rows} of {self.rows} rows valid, "
-                 f"{self.quarantined_rows} quarantined ({self.quarantined_trajectories} trajectories)",
+                 f"{self.quarantined_rows} quarantined in {trajectories} "
+                 f"{'trajectory' if trajectories == 1 else 'trajectories'}",
                  f"bad fraction {self.bad_fraction:.2%} (max {self.max_bad_fraction:.2%})"]
         if self.rows == 0:
             lines.append("no transitions to validate")
         for reason, count in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:5]:
-            lines.append(f"  {count} × {reason}")
+            lines.append(f"  {reason}: {count} {'row' if count == 1 else 'rows'}")
         return "\n".join(lines)
 
 
-def _read(path: Path) -> pa.Table:
-    try:
-        return read_transitions(path)
-    except ValueError:
-        # Columns and types were checked; only the cast refused nulls in required columns, which
-        # are a per-row problem here, so read again keeping them.
-        try:
-            return pq.read_table(path, columns=list(COLUMNS)).cast(NULLABLE_SCHEMA)
-        except (pa.ArrowInvalid, OSError) as error:
-            raise SchemaError(f"{path} is not a readable Parquet file ({error})") from None
+def _strict_json(value: Any) -> Any:
+    """JSON has no NaN or infinity, yet GX reports such rewards as offending values: as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
 
 
 def _write_json(payload: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(payload, indent=2, default=str))
+    partial.write_text(json.dumps(_strict_json(payload), indent=2, default=str, allow_nan=False))
     partial.replace(path)
 
 
 def validate_transitions(path: str | Path, config: ValidationConfig,
                          quarantine_path: str | Path | None = None,
                          report_path: str | Path | None = None,
-                         clean_path: str | Path | None = None) -> ValidationResult:
-    """Validate a transitions file; write the quarantined rows, clean rows and report if asked."""
+                         clean_path: str | Path | None = None,
+                         metrics_path: str | Path | None = None) -> ValidationResult:
+    """Validate a transitions file; write the quarantined rows, clean rows, report and summary
+    metrics (a small JSON, e.g. for DVC) if asked."""
     path = Path(path)
-    table = _read(path)
+    table = read_transitions(path, allow_nulls=True)
     metadata = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
     df = table.to_pandas()
     direct, counts, gx_result = _direct_reasons(df, config)
     quarantined = quarantine_reasons(df, direct)
     rows = table.num_rows
+    trajectories = df.loc[list(quarantined), "trajectory_id"].nunique(dropna=False)
     bad_fraction = len(quarantined) / rows if rows else 0.0
     result = ValidationResult(
         rows=rows, valid_rows=rows - len(quarantined), quarantined_rows=len(quarantined),
-        quarantined_trajectories=df.loc[list(quarantined), "trajectory_id"].nunique(dropna=False),
+        quarantined_trajectories=int(trajectories),
         bad_fraction=bad_fraction, max_bad_fraction=config.max_bad_fraction,
         # An empty file is a failed collection, not a clean one.
         passed=rows > 0 and bad_fraction <= config.max_bad_fraction,
@@ -305,8 +316,10 @@ def validate_transitions(path: str | Path, config: ValidationConfig,
         if metadata is not None:
             clean = clean.replace_schema_metadata({METADATA_KEY: metadata})
         write_transitions(clean, clean_path)
+    summary = {key: value for key, value in vars(result).items() if not key.endswith("_path")}
+    if metrics_path:
+        _write_json(summary, Path(metrics_path))
     if report_path:
-        summary = {key: value for key, value in vars(result).items() if not key.endswith("_path")}
         _write_json({"dreamgym": {"input": str(path), **summary, "summary": result.summary(),
                                   "checks": {c.name: c.reason for c in suite_checks(config)}},
                      "great_expectations": gx_result}, Path(report_path))

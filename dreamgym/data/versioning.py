@@ -81,3 +81,9 @@ def version_data(project_dir: str | Path, data_dir: str = "data") -> DataVersion
     return DataVersion(md5=after.md5, dvc_file=after.dvc_file, files=after.files,
                        size_bytes=after.size_bytes,
                        changed=before is None or before.md5 != after.md5)
+
+
+def commit_stage(project_dir: str | Path, stage: str) -> None:
+    """Record a `dvc.yaml` stage whose outputs were made outside `dvc repro` (by a flow) in
+    `dvc.lock`, so that `dvc status` agrees and `dvc repro` has nothing to redo."""
+    _dvc(Path(project_dir), "commit", "--force", "--quiet", stage)
