@@ -82,8 +82,8 @@ def _log_dataset(path: str, version: DataVersion) -> None:
         warnings.simplefilter("ignore", UserWarning)
         dataset = mlflow.data.from_pandas(frame, source=str(Path(path).resolve()),
                                           name="offline-transitions", digest=version.md5)
-    mlflow.log_input(dataset, context="offline", tags={"dvc_md5": version.md5,
-                                                      "dvc_file": Path(version.dvc_file).name})
+        mlflow.log_input(dataset, context="offline", tags={"dvc_md5": version.md5,
+                                                          "dvc_file": Path(version.dvc_file).name})
 
 
 @flow(name="ingest")
