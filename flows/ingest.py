@@ -25,6 +25,7 @@ from prefect.runtime import flow_run
 from dreamgym.config import GamesConfig, PipelineConfig, ValidationConfig, config_to_dict, flatten
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
 from dreamgym.data.games import generate_games, plan_games
+from dreamgym.data.overview import plot_dataset
 from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
@@ -119,6 +120,8 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
                             "validation_quarantined_rows": validation.quarantined_rows,
                             "validation_bad_fraction": validation.bad_fraction,
                             "validation_passed": float(validation.passed)})
+        overview = plot_dataset(read_transitions(collection.path), outputs_dir / "dataset_overview.png")
+        mlflow.log_artifact(str(overview), artifact_path="validation")
         mlflow.log_artifact(validation.report_path, artifact_path="validation")
         mlflow.log_artifact(validation.quarantine_path, artifact_path="validation")
         if not validation.passed:

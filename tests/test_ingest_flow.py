@@ -60,7 +60,8 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert dataset_input.dataset.digest == version.md5
     assert dataset_input.dataset.name == "offline-transitions"
     artifacts = {item.path for item in MlflowClient().list_artifacts(run.info.run_id, "validation")}
-    assert artifacts == {"validation/report.json", "validation/quarantine.parquet"}
+    assert artifacts == {"validation/report.json", "validation/quarantine.parquet",
+                         "validation/dataset_overview.png"}
 
     second = ingest(config, str(project))
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
