@@ -58,14 +58,14 @@ def time_env(games: list[Path], steps_per_game: int, seed: int) -> tuple[float, 
 
 def time_collection(games: list[Path], workers: int, seed: int) -> float:
     with tempfile.TemporaryDirectory() as scratch:
-        settings = CollectionSettings("noisy-expert", 0.3, 3, seed=seed, max_steps=50)
+        settings = CollectionSettings("noisy-expert", 0.3, 10, seed=seed, max_steps=50)
         result = collect(games, Path(scratch) / "t.parquet", settings, workers=workers, progress=False)
         return result.transitions / result.seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--games", type=int, default=6)
+    parser.add_argument("--games", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -156,13 +156,18 @@ def collect(games: Sequence[str | Path], out: str | Path, settings: CollectionSe
 
     started = time.perf_counter()
     rows_by_game: dict[str, list[dict]] = {}
-    context = multiprocessing.get_context("spawn")  # forking a process that runs threads is unsafe
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool, \
-            tqdm(total=len(games), desc=f"collect → {out.name}", unit="game", disable=not progress) as bar:
-        futures = {pool.submit(_collect_game, str(game), settings, run_id): game for game in games}
-        for future in as_completed(futures):
-            rows_by_game[str(futures[future])] = future.result()
-            bar.update()
+    with tqdm(total=len(games), desc=f"collect → {out.name}", unit="game", disable=not progress) as bar:
+        if workers == 1:  # no pool: a worker process costs seconds to start (it imports TextWorld)
+            for game in games:
+                rows_by_game[str(game)] = _collect_game(str(game), settings, run_id)
+                bar.update()
+        else:
+            context = multiprocessing.get_context("spawn")  # forking a threaded process is unsafe
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                futures = {pool.submit(_collect_game, str(game), settings, run_id): game for game in games}
+                for future in as_completed(futures):
+                    rows_by_game[str(futures[future])] = future.result()
+                    bar.update()
     table = to_table((row for game in games for row in rows_by_game[str(game)]), metadata)
     write_transitions(table, out)
     return CollectionResult(path=str(out), seconds=time.perf_counter() - started, reused=False,
