@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -19,8 +20,13 @@ TINY = {"games.train_count": 3, "games.test_count": 1, "collect.episodes_per_gam
 
 @pytest.fixture
 def project(tmp_path, train_games, test_games) -> Path:
-    """A project checkout with the session's games already in place (same seed and settings)."""
+    """A project checkout (its DVC stages and the code they depend on) with the session's games
+    already in place (same seed and settings)."""
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "dreamgym", tmp_path / "dreamgym",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     for split, games in (("train", train_games), ("test", test_games)):
         target = tmp_path / "data" / "games" / split
         target.mkdir(parents=True)
@@ -62,6 +68,11 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     artifacts = {item.path for item in MlflowClient().list_artifacts(run.info.run_id, "validation")}
     assert artifacts == {"validation/report.json", "validation/quarantine.parquet",
                          "validation/dataset_overview.png"}
+
+    # The flow recorded the dvc.yaml stage it ran: DVC sees nothing to redo.
+    status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True,
+                            text=True, check=True)
+    assert "Data and pipelines are up to date" in status.stdout, status.stdout
 
     second = ingest(config, str(project))
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
