@@ -1,4 +1,5 @@
 import hashlib
+import sys
 
 import pytest
 
@@ -37,6 +38,10 @@ def test_existing_games_are_reused_and_a_seed_gives_identical_files(train_games,
         digest = [hashlib.md5(p.with_suffix(suffix).read_bytes()).hexdigest() for p in (again[0], train_games[0])]
         assert digest[0] == digest[1], f"{suffix} differs between two generations of the same seed"
     assert not list(tmp_path.glob(".tw-make-*")), "scratch folders must be cleaned up"
+    # Nothing of this machine is recorded in a game, so other machines make the same bytes.
+    metadata = again[0].with_suffix(".json").read_text()
+    assert sys.prefix not in metadata and str(tmp_path) not in metadata
+    assert '"text_grammars_path": "textworld/' in metadata
 
 
 def test_a_half_written_game_is_made_again(train_games, tmp_path):

@@ -95,6 +95,21 @@ def _tw_make() -> str:
     return found
 
 
+def _portable(game: dict, target: Path) -> dict:
+    """tw-make records where it wrote the game and where TextWorld is installed; keep the final
+    file name and the grammar path relative to TextWorld's package, so that the same seed gives a
+    byte-identical game on any machine. (Playing never reads the grammar path.)"""
+    import textworld  # noqa: PLC0415 - installed with the project; slow to import
+
+    game.get("metadata", {}).get("settings", {})["output"] = target.name
+    knowledge = game.get("KB", {})
+    grammars = knowledge.get("text_grammars_path")
+    packages = Path(textworld.__file__).resolve().parent.parent
+    if grammars and Path(grammars).resolve().is_relative_to(packages):
+        knowledge["text_grammars_path"] = Path(grammars).resolve().relative_to(packages).as_posix()
+    return game
+
+
 def make_game(spec: GameSpec, out_dir: Path) -> Path:
     """Compile one game into `out_dir` (atomically); return its `.z8` path."""
     target = out_dir / f"{spec.name}.z8"
@@ -108,12 +123,8 @@ def make_game(spec: GameSpec, out_dir: Path) -> Path:
         if done.returncode != 0 or not output.exists():
             detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise GameGenerationError(f"tw-make failed for {spec.name}: {detail[0]}")
-        # tw-make records its output path in the game; keep the final name so that the same
-        # seed gives a byte-identical game wherever it was made.
         metadata_file = output.with_suffix(".json")
-        game = json.loads(metadata_file.read_text())
-        game.get("metadata", {}).get("settings", {})["output"] = target.name
-        metadata_file.write_text(json.dumps(game))
+        metadata_file.write_text(json.dumps(_portable(json.loads(metadata_file.read_text()), target)))
         # The JSON goes last: a game counts as present only once its .z8 and .json both exist.
         for suffix in (".ni", ".z8", ".json"):
             produced = output.with_suffix(suffix)
