@@ -7,6 +7,7 @@ exits 1.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -55,6 +56,8 @@ def _print_run_summary(summary: dict, services: dict[str, str]) -> None:
                   f"{collection['transitions']} / {collection['trajectories']} ({how})")
     table.add_row("success rate in the data", f"{collection['success_rate']:.1%}")
     table.add_row("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})")
+    table.add_row("buffer rows inserted / already there",
+                  f"{summary['buffer']['inserted']} / {summary['buffer']['skipped']}")
     table.add_row("MLflow run", summary["mlflow_run_id"])
     out = Console(soft_wrap=True)
     out.print(table)
@@ -153,6 +156,102 @@ def check_env_command(
     tasks = [load_task(game) for game in list_games(games)]
     check_env(lambda: TextWorldEnv(max_steps=config.env.max_steps), tasks)
     console.print(f"check_env passed on {len(tasks)} games")
+
+
+buffer_app = typer.Typer(no_args_is_help=True, help="The experience replay buffer (Postgres + "
+                                                    "pgvector; DATABASE_URL or embedded).")
+app.add_typer(buffer_app, name="buffer")
+
+
+def _open_buffer(params: Path, config: PipelineConfig):
+    from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
+
+    run_dir = params.resolve().parent / config.paths.run_dir
+    return open_migrated(run_dir, config.buffer.embedding_dim)
+
+
+@buffer_app.command("ingest")
+def buffer_ingest(
+    file: Annotated[Path, typer.Argument(help="Transitions Parquet file (validated).")],
+    data_version: Annotated[str | None, typer.Option(help="Dataset version to record (DVC md5).")] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Upsert transitions (embedding only those not stored yet); prints {"inserted", "skipped"}."""
+    from dreamgym.buffer.embeddings import lazy_embedder  # noqa: PLC0415
+    from dreamgym.buffer.store import upsert_transitions  # noqa: PLC0415
+    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
+
+    config = _config(params)
+    table = read_transitions(file)
+    embed = lazy_embedder(config.buffer.encoder, config.buffer.encode_batch_size)
+    with _open_buffer(params, config) as database:
+        result = upsert_transitions(database, table, embed=embed, data_version=data_version,
+                                    batch_rows=config.buffer.upsert_batch_rows, progress=True)
+    print(json.dumps({"inserted": result.inserted, "skipped": result.skipped}))
+
+
+@buffer_app.command("query")
+def buffer_query(
+    task: Annotated[str, typer.Option(help="A task id in the buffer, or a task instruction.")],
+    state: Annotated[str, typer.Option(help="The abstract state text.")],
+    action: Annotated[str, typer.Option(help="The action.")],
+    k: Annotated[int | None, typer.Option("-k", "--k", help="Neighbours [default: buffer.top_k].")] = None,
+    env: Annotated[str | None, typer.Option(help="Only this environment.")] = None,
+    source: Annotated[str | None, typer.Option(help="Only real or synthetic transitions.")] = None,
+    exclude_task: Annotated[bool, typer.Option(help="Leave out the query's own task.")] = False,
+    ef_search: Annotated[int | None, typer.Option(help="HNSW ef_search [default: buffer.ef_search].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """The transitions most similar to (task, state, action)."""
+    from sqlalchemy import text  # noqa: PLC0415
+
+    from dreamgym.buffer.embeddings import Encoder, transition_text  # noqa: PLC0415
+    from dreamgym.buffer.retrieval import Filters, search  # noqa: PLC0415
+
+    config = _config(params, {"buffer.top_k": k, "buffer.ef_search": ef_search})
+    if source not in (None, "real", "synthetic"):
+        raise DreamgymError(f"--source must be real or synthetic, got {source!r}")
+    with _open_buffer(params, config) as database:
+        with database.engine.connect() as connection:
+            instruction = connection.execute(text("SELECT instruction FROM tasks WHERE task_id = :t"),
+                                             {"t": task}).scalar()
+        filters = Filters(env=env, source=source,
+                          exclude_task_id=task if exclude_task and instruction else None)
+        vector = Encoder(config.buffer.encoder).encode([transition_text(instruction or task, state, action)])
+        [neighbours] = search(database, vector, config.buffer.top_k, filters, config.buffer.ef_search)
+    hits = [{"similarity": round(n.similarity, 6), **n.transition} for n in neighbours]
+    if as_json:
+        print(json.dumps(hits, indent=2))
+        return
+    table = Table("similarity", "task", "step", "action", "reward", "done")
+    for hit in hits:
+        table.add_row(f"{hit['similarity']:.3f}", hit["task_id"], str(hit["step"]), hit["action"],
+                      f"{hit['reward']:g}", str(hit["terminated"] or hit["truncated"]))
+    Console().print(table)
+
+
+@buffer_app.command("stats")
+def buffer_stats_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Counts by source and environment, index present, rows without embedding."""
+    from dreamgym.buffer.stats import buffer_stats  # noqa: PLC0415
+
+    config = _config(params)
+    with _open_buffer(params, config) as database:
+        stats = buffer_stats(database)
+    if as_json:
+        print(json.dumps(stats, indent=2))
+        return
+    table = Table(title="buffer", show_header=False)
+    table.add_row("database", stats["database"])
+    for key in ("transitions", "trajectories", "tasks", "without_embedding", "hnsw_index"):
+        table.add_row(key, str(stats[key]))
+    for group in stats["by_source_env"]:
+        table.add_row(f"{group['source']} / {group['env']}", str(group["transitions"]))
+    Console().print(table)
 
 
 def main() -> None:

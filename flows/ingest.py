@@ -1,9 +1,10 @@
-"""Ingest flow: games → collect → validate → version, logged to MLflow.
+"""Ingest flow: games → collect → validate → version → buffer upsert, logged to MLflow.
 
 Generates the training and held-out TextWorld games, collects offline trajectories on the
-training games, validates them with Great Expectations (quarantining bad rows), and versions the
-dataset with DVC. One MLflow run records the parameters, the dataset (with the DVC md5 as its
-digest), the collection and validation metrics and the validation report.
+training games, validates them with Great Expectations (quarantining bad rows), versions the
+dataset with DVC, and upserts the validated transitions into the replay buffer. One MLflow run
+records the parameters, the dataset (with the DVC md5 as its digest), the collection, validation
+and buffer metrics and the validation report.
 
 Every step reuses what is already there: existing games are not regenerated, a collection with
 the same games and settings is not repeated, and unchanged data keeps its DVC version.
@@ -22,7 +23,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from dreamgym.config import GamesConfig, PipelineConfig, ValidationConfig, config_to_dict, flatten
+from dreamgym.buffer.embeddings import lazy_embedder
+from dreamgym.buffer.migrations import open_migrated
+from dreamgym.buffer.store import UpsertResult, upsert_transitions
+from dreamgym.config import (BufferConfig, GamesConfig, PipelineConfig, ValidationConfig, config_to_dict,
+                             flatten)
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.overview import plot_dataset
@@ -62,6 +67,19 @@ def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> 
                                   report_path=out / "report.json", clean_path=out / "validated.parquet",
                                   metrics_path=out / "metrics.json")
     get_run_logger().info(result.summary())
+    return result
+
+
+@task(name="upsert-buffer", retries=2, retry_delay_seconds=5)
+def upsert_task(validated: str, data_version: str, run_dir: str, config: BufferConfig) -> UpsertResult:
+    """Only validated rows enter the buffer; a retry re-inserts nothing already committed."""
+    with open_migrated(run_dir, config.embedding_dim) as database:
+        result = upsert_transitions(database, read_transitions(validated),
+                                    embed=lazy_embedder(config.encoder, config.encode_batch_size),
+                                    data_version=data_version, batch_rows=config.upsert_batch_rows,
+                                    progress=True)
+    get_run_logger().info("buffer: %d inserted, %d already there (%.1fs)", result.inserted,
+                          result.skipped, result.seconds)
     return result
 
 
@@ -134,6 +152,11 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
         mlflow.set_tag("dreamgym.data_md5", version.md5)
         _log_dataset(validation.clean_path, version)
 
+        upserted = upsert_task(validation.clean_path, version.md5,
+                               str(project / config.paths.run_dir), config.buffer)
+        mlflow.log_metrics({"buffer_inserted": upserted.inserted, "buffer_skipped": upserted.skipped,
+                            "buffer_upsert_seconds": upserted.seconds})
+
         summary = {
             "mlflow_run_id": run.info.run_id,
             "data_md5": version.md5,
@@ -143,6 +166,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
             "collection": asdict(collection),
             "validation": asdict(validation),
             "validated_path": validation.clean_path,
+            "buffer": asdict(upserted),
             "test_games_dir": str(data_dir / "games" / "test"),
         }
         create_markdown_artifact(key="ingest-summary", markdown=_markdown(summary),
@@ -158,6 +182,7 @@ def _markdown(summary: dict) -> str:
         ("transitions / trajectories", f"{collection['transitions']} / {collection['trajectories']}"),
         ("success rate in the data", f"{collection['success_rate']:.1%}"),
         ("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})"),
+        ("buffer rows inserted / already there", f"{summary['buffer']['inserted']} / {summary['buffer']['skipped']}"),
         ("MLflow run", summary["mlflow_run_id"]),
     ]
     return "## Ingest\n\n| | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -55,6 +55,8 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert first["collection"]["trajectories"] == 9 and not first["collection"]["reused"]
     assert 0.0 < first["collection"]["success_rate"] <= 1.0
     assert first["validation"]["passed"] and first["validation"]["quarantined_rows"] == 0
+    transitions = first["collection"]["transitions"]
+    assert (first["buffer"]["inserted"], first["buffer"]["skipped"]) == (transitions, 0)
 
     [run] = _runs(config.experiment)
     assert run.info.status == "FINISHED" and run.info.run_id == first["mlflow_run_id"]
@@ -62,6 +64,7 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert run.data.tags["dreamgym.data_md5"] == version.md5
     assert run.data.metrics["collect_transitions"] == first["collection"]["transitions"]
     assert run.data.metrics["validation_bad_fraction"] == 0.0
+    assert run.data.metrics["buffer_inserted"] == transitions
     [dataset_input] = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == version.md5
     assert dataset_input.dataset.name == "offline-transitions"
@@ -79,6 +82,7 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert second["collection"]["reused"]
     assert second["collection"]["transitions"] == first["collection"]["transitions"]
     assert (second["data_md5"], second["data_changed"]) == (first["data_md5"], False)
+    assert (second["buffer"]["inserted"], second["buffer"]["skipped"]) == (0, transitions)
     assert len(_runs(config.experiment)) == 2
 
 

@@ -9,6 +9,7 @@ is the longest part of it (a median of 30 actions), and would triple the encodin
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,3 +74,16 @@ class Encoder:
         vectors = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
                                     normalize_embeddings=True, show_progress_bar=False)
         return check_embeddings(vectors, self.dim, len(texts))
+
+
+def lazy_embedder(name: str = DEFAULT_ENCODER, batch_size: int = 64) -> Callable[[list[str]], np.ndarray]:
+    """An embed function that loads the encoder on its first call, so that an upsert with
+    nothing new (a re-run) does not spend seconds loading a model it will not use."""
+    loaded: list[Encoder] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        if not loaded:
+            loaded.append(Encoder(name, batch_size))
+        return loaded[0].encode(texts)
+
+    return embed

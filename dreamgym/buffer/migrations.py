@@ -87,3 +87,12 @@ def apply_migrations(engine: Engine, migrations: list[Migration]) -> list[str]:
                                 "checksum": migration.checksum})
             applied_now.append(migration.name)
     return applied_now
+
+
+def open_migrated(run_dir, embedding_dim: int, url: str | None = None):
+    """Open the buffer database and bring its schema up to date."""
+    from dreamgym.buffer.db import open_database  # noqa: PLC0415 - db does not need migrations
+
+    database = open_database(run_dir, url)
+    apply_migrations(database.engine, load_migrations(embedding_dim))
+    return database

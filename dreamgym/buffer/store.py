@@ -38,6 +38,7 @@ _COLUMNS = (
 )
 _NAMES = ", ".join(name for name, _ in _COLUMNS)
 _DEADLOCK_RETRIES = 5
+_EMBED_CHUNK = 256  # texts per embed call: progress moves every few seconds on a CPU
 
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -104,6 +105,13 @@ def _write_batch(database: Database, rows: list[dict], vectors: np.ndarray,
     raise AssertionError("unreachable")
 
 
+def _embed_chunk(embed: Embed, rows: list[dict], dim: int, bar: tqdm) -> np.ndarray:
+    texts = [transition_text(row["instruction"], row["state"], row["action"]) for row in rows]
+    vectors = check_embeddings(embed(texts), dim, len(rows))
+    bar.update(len(rows))
+    return vectors
+
+
 def upsert_transitions(database: Database, table: pa.Table, *, embed: Embed | None = None,
                        embeddings: np.ndarray | None = None, data_version: str | None = None,
                        batch_rows: int = 2000, progress: bool = False) -> UpsertResult:
@@ -131,14 +139,16 @@ def upsert_transitions(database: Database, table: pa.Table, *, embed: Embed | No
                 if row["content_hash"] not in stored and row["content_hash"] not in seen:
                     seen.add(row["content_hash"])
                     new.append(offset)
+            bar.update(len(batch) - len(new))
             if new:
                 new_rows = [batch[offset] for offset in new]
                 if embeddings is not None:
                     vectors = embeddings[[start + offset for offset in new]]
                 else:
-                    texts = [transition_text(r["instruction"], r["state"], r["action"]) for r in new_rows]
-                    vectors = check_embeddings(embed(texts), dim, len(new_rows))
+                    vectors = np.concatenate([_embed_chunk(embed, new_rows[i:i + _EMBED_CHUNK], dim, bar)
+                                              for i in range(0, len(new_rows), _EMBED_CHUNK)])
                 inserted += _write_batch(database, new_rows, vectors, data_version)
-            bar.update(len(batch))
+                if embeddings is not None:
+                    bar.update(len(new))
     return UpsertResult(inserted=inserted, skipped=len(rows) - inserted,
                         seconds=time.perf_counter() - started)
