@@ -76,8 +76,10 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True,
                             text=True, check=True)
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
+    lock = (project / "dvc.lock").read_text()
 
     second = ingest(config, str(project))
+    assert (project / "dvc.lock").read_text() == lock, "an unchanged re-run changed dvc.lock"
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
     assert second["collection"]["reused"]
     assert second["collection"]["transitions"] == first["collection"]["transitions"]

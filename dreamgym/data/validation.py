@@ -320,7 +320,9 @@ def validate_transitions(path: str | Path, config: ValidationConfig,
     if metrics_path:
         _write_json(summary, Path(metrics_path))
     if report_path:
-        _write_json({"dreamgym": {"input": str(path), **summary, "summary": result.summary(),
+        # The same input gives the same report (DVC records it): no load time, no absolute path.
+        gx_result.get("meta", {}).get("batch_markers", {}).pop("ge_load_time", None)
+        _write_json({"dreamgym": {"input": path.name, **summary, "summary": result.summary(),
                                   "checks": {c.name: c.reason for c in suite_checks(config)}},
                      "great_expectations": gx_result}, Path(report_path))
     return result
