@@ -70,7 +70,8 @@ def _stored_hashes(connection, hashes: list[str]) -> set[str]:
 def _write_batch(database: Database, rows: list[dict], vectors: np.ndarray,
                  data_version: str | None) -> int:
     """Insert one batch in one transaction; return how many transitions were new."""
-    for attempt in range(_DEADLOCK_RETRIES):
+    attempt = 0
+    while True:
         try:
             with database.engine.begin() as connection:
                 cursor = connection.connection.driver_connection.cursor()
@@ -79,13 +80,9 @@ def _write_batch(database: Database, rows: list[dict], vectors: np.ndarray,
                 with cursor.copy(f"COPY staging ({_NAMES}, instruction) FROM STDIN (FORMAT BINARY)") as copy:
                     copy.set_types([kind for _, kind in _COLUMNS] + ["text"])
                     for row, vector in zip(rows, vectors):
-                        copy.write_row([row["content_hash"], row["trajectory_id"], row["task_id"],
-                                        row["env"], row["step"], row["state"], row["action"],
-                                        row["next_state"], row["reward"], row["terminated"],
-                                        row["truncated"], row["won"], row["lost"], row["score"],
-                                        row["max_score"], row["reasoning"], row["source"],
-                                        row["policy"], row["model_version"], row["run_id"],
-                                        data_version, row["created_at"], vector, row["instruction"]])
+                        record = {**row, "data_version": data_version, "embedding": vector,
+                                  "recorded_at": row["created_at"]}
+                        copy.write_row([record[name] for name, _ in _COLUMNS] + [row["instruction"]])
                 cursor.execute("INSERT INTO tasks (task_id, env, instruction) "
                                "SELECT DISTINCT ON (task_id) task_id, env, instruction FROM staging "
                                "ORDER BY task_id ON CONFLICT DO NOTHING")
@@ -98,11 +95,11 @@ def _write_batch(database: Database, rows: list[dict], vectors: np.ndarray,
                                "ORDER BY content_hash ON CONFLICT (content_hash) DO NOTHING")
                 return cursor.rowcount
         except Exception as error:  # noqa: BLE001 - only deadlocks are retried
+            attempt += 1
             if not isinstance(getattr(error, "orig", error), pg_errors.DeadlockDetected) \
-                    or attempt == _DEADLOCK_RETRIES - 1:
+                    or attempt == _DEADLOCK_RETRIES:
                 raise
-            time.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
+            time.sleep(0.05 * attempt)
 
 
 def _embed_chunk(embed: Embed, rows: list[dict], dim: int, bar: tqdm) -> np.ndarray:
