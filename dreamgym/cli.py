@@ -46,24 +46,15 @@ def run(params: ParamsOption = Path("params.yaml")) -> None:
 
 
 def _print_run_summary(summary: dict, services: dict[str, str]) -> None:
-    collection, validation = summary["collection"], summary["validation"]
+    from flows.ingest import summary_rows  # noqa: PLC0415
+
     table = Table(title="dreamgym run", show_header=False)
-    table.add_row("data version (DVC md5)",
-                  f"{summary['data_md5']} ({'new' if summary['data_changed'] else 'unchanged'})")
-    table.add_row("games (train / held-out test)", f"{summary['train_games']} / {summary['test_games']}")
-    how = "reused" if collection["reused"] else f"collected in {collection['seconds']:.0f}s"
-    table.add_row("transitions / trajectories",
-                  f"{collection['transitions']} / {collection['trajectories']} ({how})")
-    table.add_row("success rate in the data", f"{collection['success_rate']:.1%}")
-    table.add_row("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})")
-    table.add_row("buffer rows inserted / already there",
-                  f"{summary['buffer']['inserted']} / {summary['buffer']['skipped']}")
-    table.add_row("MLflow run", summary["mlflow_run_id"])
+    for label, value in summary_rows(summary):
+        table.add_row(label, value)
     out = Console(soft_wrap=True)
     out.print(table)
-    tracking = services["MLFLOW_TRACKING_URI"]
-    out.print(f"MLflow UI:  mlflow ui --backend-store-uri {tracking}\n"
-                    f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start")
+    out.print(f"MLflow UI:  mlflow ui --backend-store-uri {services['MLFLOW_TRACKING_URI']}\n"
+              f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start")
 
 
 @app.command()
@@ -109,9 +100,7 @@ def collect(
     config = _config(params, {"collect.episodes_per_game": episodes_per_game, "collect.policy": policy,
                               "collect.epsilon": epsilon, "collect.workers": workers,
                               "env.max_steps": max_steps, "seed": seed})
-    settings = CollectionSettings(policy=config.collect.policy, epsilon=config.collect.epsilon,
-                                  episodes_per_game=config.collect.episodes_per_game,
-                                  seed=config.seed, max_steps=config.env.max_steps)
+    settings = CollectionSettings.from_config(config)
     result = collect_games(list_games(games), out, settings, workers=config.collect.workers)
     verb = "reused" if result.reused else f"collected in {result.seconds:.1f}s:"
     console.print(f"{out}: {verb} {result.transitions} transitions, {result.trajectories} "

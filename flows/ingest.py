@@ -111,9 +111,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
     project = Path(project_dir).resolve()
     data_dir = project / config.paths.data_dir
     outputs_dir = project / config.paths.outputs_dir / "validation"
-    settings = CollectionSettings(policy=config.collect.policy, epsilon=config.collect.epsilon,
-                                  episodes_per_game=config.collect.episodes_per_game,
-                                  seed=config.seed, max_steps=config.env.max_steps)
+    settings = CollectionSettings.from_config(config)
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
     with mlflow.start_run(run_name="ingest") as run:
         mlflow.set_tags({"dreamgym.stage": "ingest", "git_commit": git_commit(project),
@@ -174,15 +172,23 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
         return summary
 
 
-def _markdown(summary: dict) -> str:
-    collection, validation = summary["collection"], summary["validation"]
-    rows = [
-        ("data version (DVC md5)", summary["data_md5"]),
-        ("games (train / test)", f"{summary['train_games']} / {summary['test_games']}"),
-        ("transitions / trajectories", f"{collection['transitions']} / {collection['trajectories']}"),
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """The ingest result as (label, value) rows: for the Prefect artifact and the CLI's table."""
+    collection, validation, buffer = summary["collection"], summary["validation"], summary["buffer"]
+    how = "reused" if collection["reused"] else f"collected in {collection['seconds']:.0f}s"
+    return [
+        ("data version (DVC md5)",
+         f"{summary['data_md5']} ({'new' if summary['data_changed'] else 'unchanged'})"),
+        ("games (train / held-out test)", f"{summary['train_games']} / {summary['test_games']}"),
+        ("transitions / trajectories",
+         f"{collection['transitions']} / {collection['trajectories']} ({how})"),
         ("success rate in the data", f"{collection['success_rate']:.1%}"),
         ("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})"),
-        ("buffer rows inserted / already there", f"{summary['buffer']['inserted']} / {summary['buffer']['skipped']}"),
+        ("buffer rows inserted / already there", f"{buffer['inserted']} / {buffer['skipped']}"),
         ("MLflow run", summary["mlflow_run_id"]),
     ]
+
+
+def _markdown(summary: dict) -> str:
+    rows = summary_rows(summary)
     return "## Ingest\n\n| | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from dreamgym.config import POLICIES
+from dreamgym.config import POLICIES, PipelineConfig
 from dreamgym.data.schema import (content_hash, read_metadata, read_transitions, to_table,
                                   trajectory_id, write_transitions)
 from dreamgym.envs.base import Env, Task
@@ -54,6 +54,12 @@ class CollectionSettings:
             raise DreamgymError(f"epsilon must be between 0 and 1, got {self.epsilon}")
         if self.episodes_per_game < 1:
             raise DreamgymError(f"episodes per game must be at least 1, got {self.episodes_per_game}")
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig) -> CollectionSettings:
+        return cls(policy=config.collect.policy, epsilon=config.collect.epsilon,
+                   episodes_per_game=config.collect.episodes_per_game, seed=config.seed,
+                   max_steps=config.env.max_steps)
 
     @property
     def policy_label(self) -> str:
