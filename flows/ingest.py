@@ -9,7 +9,7 @@ and buffer metrics and the validation report.
 Every step reuses what is already there: existing games are not regenerated, a collection with
 the same games and settings is not repeated, and unchanged data keeps its DVC version.
 
-Run it with `dreamgym run` (or `dreamgym ingest`), which sets up the embedded services first.
+Run it with `dreamgym run`, which sets up the embedded services first.
 """
 
 from __future__ import annotations
