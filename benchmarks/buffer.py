@@ -13,11 +13,12 @@ for the low intrinsic dimension of real sentence embeddings; not a substitute fo
 
 Measures:
 - ingest rows/s of a --sample-rows sample into an empty buffer: `upsert_transitions` (binary COPY +
-  INSERT ... ON CONFLICT) against row-by-row ORM inserts (commit per row; flush per row, one
-  commit), with the migration's HNSW index present (as in real use) and with it dropped;
-- per scale: bulk load with the HNSW index dropped, CREATE INDEX time (--build-memory), then the
-  last --increment rows through `upsert_transitions` with the index present (the steady-state rate
-  of the real path at that size); --full-ingest also loads the whole scale with the index present;
+  INSERT ... ON CONFLICT; its bulk path, which drops and rebuilds the HNSW index, and its per-batch
+  path, which inserts into the index) against row-by-row ORM inserts (commit per row; flush per
+  row, one commit), with the migration's HNSW index present (as in real use) and with it dropped;
+- per scale: the first rows - --increment rows through `upsert_transitions` into an empty buffer
+  (bulk path), a REINDEX of the HNSW index timed alone (to split that load into COPY and build),
+  then the last --increment rows (per-batch path: the steady-state rate of small loads at that size);
 - per scale and `ef_search`: single-query latency p50/p99 (ms, wall clock around the call) and
   recall@10 against an exact numpy scan, for `retrieval.search` and for the plain statement
   `ORDER BY embedding <=> q LIMIT 10`; EXPLAIN ANALYZE of both, to check the index is used;
@@ -44,24 +45,22 @@ from pathlib import Path
 
 import numpy as np
 import pgvector.sqlalchemy  # noqa: F401 - lets reflection map the `vector` column type
-from psycopg.types.json import Jsonb
 from sqlalchemy import MetaData, Table, text
 from sqlalchemy.orm import Session, registry
 
 from dreamgym.buffer.db import Database, open_database
 from dreamgym.buffer.migrations import apply_migrations, load_migrations
-from dreamgym.buffer.retrieval import _SEARCH, search
-from dreamgym.buffer.store import upsert_transitions
+from dreamgym.buffer.retrieval import SEARCH_SQL, Filters, configure_session, search, search_parameters
+from dreamgym.buffer.store import HNSW_INDEX, upsert_transitions
+from dreamgym.config import BufferConfig
 from dreamgym.data.schema import content_hash, to_table
 
 DIM, K, LATENT = 384, 10, 32
-INDEX = "transitions_embedding_hnsw"
-CREATE_INDEX = f"CREATE INDEX {INDEX} ON transitions USING hnsw (embedding vector_cosine_ops)"  # as in sql/001
 WORDS = ("kitchen fridge counter table knife apple carrot potato oven stove closed open north south "
          "east west door wooden red yellow the a of you see there is on in and take put cook slice "
          "chop recipe cookbook inventory carrying nothing pantry shelf bedroom corridor").split()
 PLAIN = (f"SELECT content_hash FROM transitions WHERE embedding IS NOT NULL "
-         f"ORDER BY embedding <=> CAST(:q AS vector) LIMIT {K}")
+         f"ORDER BY embedding <=> %(q)s LIMIT {K}")
 
 
 def words(rng: np.random.Generator, chars: int) -> str:
@@ -106,7 +105,7 @@ class Server:
         scratch = tempfile.mkdtemp(prefix="dreamgym-bench-")
         # Registered before the server starts, so it runs after the server's own atexit stop.
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-        self.root = open_database(scratch)
+        self.root = open_database(scratch, shared_buffers=BufferConfig().embedded_shared_buffers)
         self.admin = self.root.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.current: str | None = None
 
@@ -120,7 +119,7 @@ class Server:
         apply_migrations(database.engine, load_migrations(DIM))
         if not index:
             with database.engine.begin() as connection:
-                connection.exec_driver_sql(f"DROP INDEX {INDEX}")
+                connection.exec_driver_sql(f"DROP INDEX {HNSW_INDEX}")
         return database
 
     def drop(self) -> None:
@@ -130,9 +129,11 @@ class Server:
             self.current = None
 
 
-def copy_rate(database: Database, records: list[dict], vectors: np.ndarray, batch_rows: int) -> float:
-    result = upsert_transitions(database, to_table(records), embeddings=vectors, batch_rows=batch_rows)
-    assert result.inserted == len(records), result
+def copy_rate(database: Database, records: list[dict], vectors: np.ndarray, args: argparse.Namespace,
+              bulk: bool) -> float:
+    result = upsert_transitions(database, to_table(records), embeddings=vectors, batch_rows=args.batch_rows,
+                                bulk_load_fraction=0.0 if bulk else 2.0, index_build_memory=args.build_memory)
+    assert result.inserted == len(records) and result.bulk == bulk, result
     return result.inserted / result.seconds
 
 
@@ -165,18 +166,17 @@ def orm_rate(database: Database, records: list[dict], vectors: np.ndarray, commi
 def explain(database: Database, queries: np.ndarray, ef: int) -> dict:
     """EXPLAIN ANALYZE of retrieval's batched statement (1 and all queries) and of the plain one."""
     def bound(n: int) -> dict:  # the parameters search() binds, without filters
-        return {"vectors": list(queries[:n]), "envs": [None] * n, "sources": [None] * n,
-                "excluded_tasks": [None] * n, "excluded_trajectories": [Jsonb([])] * n, "k": K}
+        return search_parameters(queries[:n], [Filters()] * n, K)
     plans = {}
-    with database.engine.begin() as connection:
-        connection.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"), {"ef": str(ef)})
-        connection.exec_driver_sql("SET LOCAL hnsw.iterative_scan = strict_order")  # as search() does
-        for name, sql, parameters in (("search_1", _SEARCH.text, bound(1)),
-                                      (f"search_{len(queries)}", _SEARCH.text, bound(len(queries))),
+    with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
+        configure_session(database, cursor, connection.info, ef, filtered=False)  # as search() does
+        for name, sql, parameters in (("search_1", SEARCH_SQL, bound(1)),
+                                      (f"search_{len(queries)}", SEARCH_SQL, bound(len(queries))),
                                       ("plain", PLAIN, {"q": queries[0]})):
+            cursor.execute("EXPLAIN (ANALYZE, COSTS) " + sql, parameters)
             lines = [re.sub(r"'\[[^\]]*\]'", "'[...]'", row[0])  # no 384 numbers in the report
-                     for row in connection.execute(text("EXPLAIN (ANALYZE, COSTS) " + sql), parameters)]
-            plans[name] = {"uses_hnsw": any(INDEX in line for line in lines), "plan": lines}
+                     for row in cursor.fetchall()]
+            plans[name] = {"uses_hnsw": any(HNSW_INDEX in line for line in lines), "plan": lines}
     return plans
 
 
@@ -186,8 +186,10 @@ def measure_queries(database: Database, stored: np.ndarray, hashes: list[str], q
     scores = queries.astype(np.float64) @ stored.astype(np.float64).T
     truth = [{hashes[i] for i in np.argpartition(-row, K)[:K]} for row in scores]
     out = []
-    with database.engine.connect() as held:  # the plain form reuses one connection: the index's own cost
+    # The plain form: one held connection and cursor, only the hash fetched: the index's own cost.
+    with database.reader.connect() as held, held.connection.driver_connection.cursor() as cursor:
         for ef in efs:
+            configure_session(database, cursor, held.info, ef, filtered=False)
             for form in ("search", "plain"):
                 latencies, hits = [], 0
                 for query, expected in zip(queries, truth):
@@ -195,9 +197,8 @@ def measure_queries(database: Database, stored: np.ndarray, hashes: list[str], q
                     if form == "search":
                         got = [n.transition["content_hash"] for n in search(database, query[None], K, ef_search=ef)[0]]
                     else:
-                        with held.begin():
-                            held.execute(text("SELECT set_config('hnsw.ef_search', :ef, true)"), {"ef": str(ef)})
-                            got = list(held.execute(text(PLAIN), {"q": query}).scalars())
+                        cursor.execute(PLAIN, {"q": query})
+                        got = [row[0] for row in cursor.fetchall()]
                     latencies.append((time.perf_counter() - started) * 1000)
                     hits += len(expected & set(got))
                 out.append({"form": form, "ef_search": ef, "p50_ms": float(np.percentile(latencies, 50)),
@@ -206,15 +207,15 @@ def measure_queries(database: Database, stored: np.ndarray, hashes: list[str], q
     return out
 
 
-def measure_batching(database: Database, queries: np.ndarray, repeats: int) -> dict:
+def measure_batching(database: Database, queries: np.ndarray, repeats: int, ef: int) -> dict:
     batched, single = [], []
     for _ in range(repeats):
         started = time.perf_counter()
-        search(database, queries, K)
+        search(database, queries, K, ef_search=ef)
         batched.append(len(queries) / (time.perf_counter() - started))
         started = time.perf_counter()
         for query in queries:
-            search(database, query[None], K)
+            search(database, query[None], K, ef_search=ef)
         single.append(len(queries) / (time.perf_counter() - started))
     medians = {"batched_qps": statistics.median(batched), "one_by_one_qps": statistics.median(single)}
     return medians | {"ratio": medians["batched_qps"] / medians["one_by_one_qps"],
@@ -223,33 +224,28 @@ def measure_batching(database: Database, queries: np.ndarray, repeats: int) -> d
 
 def bench_scale(server: Server, records: list[dict], vectors: np.ndarray, queries: np.ndarray,
                 rows: int, args: argparse.Namespace) -> dict:
-    entry: dict = {}
-    if args.full_ingest:  # the whole scale through the real path into an empty, indexed buffer
-        database = server.fresh(f"full_{rows}")
-        entry["full_ingest_with_index_rows_per_s"] = copy_rate(database, records[:rows], vectors[:rows],
-                                                               args.batch_rows)
-        database.close()
-    entry["increment_rows"] = increment = min(args.increment, rows // 5)
+    entry: dict = {"increment_rows": (increment := min(args.increment, rows // 5))}
     bulk = rows - increment
-    database = server.fresh(f"scale_{rows}", index=False)
-    entry["bulk_without_index_rows_per_s"] = copy_rate(database, records[:bulk], vectors[:bulk], args.batch_rows)
+    database = server.fresh(f"scale_{rows}")  # with the migration's index, as in real use
+    entry["bulk_load_rows_per_s"] = copy_rate(database, records[:bulk], vectors[:bulk], args, bulk=True)
     started = time.perf_counter()
     with database.engine.begin() as connection:
         connection.exec_driver_sql(f"SET LOCAL maintenance_work_mem = '{args.build_memory}'")
-        connection.exec_driver_sql(CREATE_INDEX)
+        connection.exec_driver_sql(f"REINDEX INDEX {HNSW_INDEX}")
     entry["index_build_s"] = time.perf_counter() - started
+    entry["bulk_copy_rows_per_s"] = bulk / (bulk / entry["bulk_load_rows_per_s"] - entry["index_build_s"])
     entry["increment_with_index_rows_per_s"] = copy_rate(database, records[bulk:rows], vectors[bulk:rows],
-                                                         args.batch_rows)
+                                                         args, bulk=False)
     with database.engine.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
         connection.exec_driver_sql("VACUUM ANALYZE transitions")  # what autovacuum would leave
-    print(f"  {rows}: bulk {entry['bulk_without_index_rows_per_s']:.0f} rows/s, build "
-          f"{entry['index_build_s']:.1f}s, increment {entry['increment_with_index_rows_per_s']:.0f} rows/s",
-          flush=True)
-    entry["explain"] = explain(database, queries, 40)
+    print(f"  {rows}: bulk load {entry['bulk_load_rows_per_s']:.0f} rows/s (COPY ~{entry['bulk_copy_rows_per_s']:.0f} "
+          f"rows/s, index build {entry['index_build_s']:.1f}s), increment "
+          f"{entry['increment_with_index_rows_per_s']:.0f} rows/s", flush=True)
+    entry["explain"] = explain(database, queries, args.batch_ef)
     search(database, queries[:10], K)  # warm the pool and the index pages
     entry["queries"] = measure_queries(database, vectors[:rows], [r["content_hash"] for r in records[:rows]],
                                        queries, args.ef)
-    entry["batching"] = measure_batching(database, queries, args.repeats)
+    entry["batching"] = measure_batching(database, queries, args.repeats, args.batch_ef)
     database.close()
     return entry
 
@@ -273,13 +269,14 @@ def main() -> None:
     parser.add_argument("--scales", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--vectors", nargs="+", choices=("random", "lowrank"), default=["random", "lowrank"])
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--ef", type=int, nargs="+", default=[10, 20, 40, 80, 160])
+    parser.add_argument("--ef", type=int, nargs="+", default=[10, 20, 40, 80, 100, 160])
+    parser.add_argument("--batch-ef", type=int, default=BufferConfig().ef_search,
+                        help="ef_search for the batching comparison and EXPLAIN (default: the configured one)")
     parser.add_argument("--sample-rows", type=int, default=2000, help="rows for the COPY vs ORM comparison")
     parser.add_argument("--increment", type=int, default=2000, help="rows loaded with the index present")
     parser.add_argument("--batch-rows", type=int, default=2000)
-    parser.add_argument("--build-memory", default="1GB", help="maintenance_work_mem for CREATE INDEX")
-    parser.add_argument("--full-ingest", action="store_true",
-                        help="also load each whole scale with the index present (slow: ~7 min at 100k)")
+    parser.add_argument("--build-memory", default=BufferConfig().index_build_memory,
+                        help="maintenance_work_mem for the index build")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
@@ -297,17 +294,19 @@ def main() -> None:
     rng = np.random.default_rng(args.seed + 1)
     sample, vectors = records[:args.sample_rows], draw_vectors("random", args.sample_rows, rng, None)
     for index in (True, False):
-        runs: dict[str, list[float]] = {"copy": [], "orm_flush_per_row": [], "orm_commit_per_row": []}
+        copies = ("copy_bulk", "copy_per_batch") if index else ("copy",)
+        runs: dict[str, list[float]] = {m: [] for m in (*copies, "orm_flush_per_row", "orm_commit_per_row")}
         for _ in range(args.repeats):
             for method in runs:
                 database = server.fresh("sample", index=index)
-                runs[method].append(copy_rate(database, sample, vectors, args.batch_rows) if method == "copy"
+                runs[method].append(copy_rate(database, sample, vectors, args, bulk=method != "copy_per_batch")
+                                    if method.startswith("copy")
                                     else orm_rate(database, sample, vectors, method == "orm_commit_per_row"))
                 database.close()
         medians = {method: statistics.median(values) for method, values in runs.items()}
         report["sample_ingest"]["with_index" if index else "without_index"] = medians | {
-            "copy_vs_orm_flush": medians["copy"] / medians["orm_flush_per_row"],
-            "copy_vs_orm_commit": medians["copy"] / medians["orm_commit_per_row"], "runs": runs}
+            f"{copy}_vs_{orm}": medians[copy] / medians[f"{orm}_per_row"]
+            for copy in copies for orm in ("orm_flush", "orm_commit")} | {"runs": runs}
         print(f"sample ingest, index {index}: " + ", ".join(f"{m} {v:.0f}" for m, v in medians.items()), flush=True)
 
     for kind in args.vectors:
@@ -334,18 +333,22 @@ def print_report(report: dict) -> None:
     m = report["machine"]
     print(f"\n{m['cpus']} cores, Python {m['python']}, PostgreSQL {m['postgres']}, pgvector {m['pgvector']} "
           f"({m['server']}, shared_buffers {m['settings']['shared_buffers']})")
+    labels = {"copy_bulk": "COPY, bulk path (index rebuilt)", "copy_per_batch": "COPY, per-batch path",
+              "copy": "COPY (upsert_transitions)", "orm_flush_per_row": "ORM, flush per row",
+              "orm_commit_per_row": "ORM, commit per row"}
     for name, s in report["sample_ingest"].items():
         print(f"\ningest of {report['args']['sample_rows']} rows into an empty buffer, HNSW index "
-              f"{'present' if name == 'with_index' else 'dropped'}, rows/s:\n  COPY (upsert_transitions)  {s['copy']:8.0f}\n"
-              f"  ORM, flush per row         {s['orm_flush_per_row']:8.0f}   COPY is {s['copy_vs_orm_flush']:.1f}x\n"
-              f"  ORM, commit per row        {s['orm_commit_per_row']:8.0f}   COPY is {s['copy_vs_orm_commit']:.1f}x")
+              f"{'present' if name == 'with_index' else 'dropped'}, rows/s:")
+        for method, label in labels.items():
+            if method in s:
+                ratios = [f"{key.split('_vs_')[0]} is {value:.1f}x" for key, value in s.items()
+                          if key.endswith(f"_vs_{method.removesuffix('_per_row')}")]
+                print(f"  {label:34s} {s[method]:8.0f}   {', '.join(ratios)}")
     for kind, scales in report["scales"].items():
         for rows, e in scales.items():
-            print(f"\n{kind} vectors, {rows} rows: bulk COPY without index {e['bulk_without_index_rows_per_s']:.0f} "
-                  f"rows/s, CREATE INDEX {e['index_build_s']:.1f}s, last {e['increment_rows']} rows "
-                  f"with index {e['increment_with_index_rows_per_s']:.0f} rows/s"
-                  + (f", full load with index {e['full_ingest_with_index_rows_per_s']:.0f} rows/s"
-                     if "full_ingest_with_index_rows_per_s" in e else ""))
+            print(f"\n{kind} vectors, {rows} rows: bulk load {e['bulk_load_rows_per_s']:.0f} rows/s (COPY "
+                  f"~{e['bulk_copy_rows_per_s']:.0f} rows/s + index build {e['index_build_s']:.1f}s), last "
+                  f"{e['increment_rows']} rows into the index {e['increment_with_index_rows_per_s']:.0f} rows/s")
             print("  " + ", ".join(f"EXPLAIN {n}: HNSW {'used' if p['uses_hnsw'] else 'NOT USED'}"
                                    for n, p in e["explain"].items()))
             print(f"  {'ef':>4s} {'search p50':>11s} {'p99':>7s} {'plain p50':>10s} {'p99':>7s} {'recall@10':>10s}")
@@ -356,7 +359,7 @@ def print_report(report: dict) -> None:
                       f"{s['recall_at_10']:10.3f}" + ("" if s["recall_at_10"] == p["recall_at_10"]
                                                       else f" (plain {p['recall_at_10']:.3f})"))
             b = e["batching"]
-            print(f"  search at ef 40: batched {b['batched_qps']:.0f} q/s, one by one {b['one_by_one_qps']:.0f} q/s "
+            print(f"  search at ef {report['args']['batch_ef']}: batched {b['batched_qps']:.0f} q/s, one by one {b['one_by_one_qps']:.0f} q/s "
                   f"({b['ratio']:.1f}x)")
 
 

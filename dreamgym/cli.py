@@ -156,7 +156,7 @@ def _open_buffer(params: Path, config: PipelineConfig):
     from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
 
     run_dir = params.resolve().parent / config.paths.run_dir
-    return open_migrated(run_dir, config.buffer.embedding_dim)
+    return open_migrated(run_dir, config.buffer)
 
 
 @buffer_app.command("ingest")
@@ -166,16 +166,13 @@ def buffer_ingest(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Upsert transitions (embedding only those not stored yet); prints {"inserted", "skipped"}."""
-    from dreamgym.buffer.embeddings import lazy_embedder  # noqa: PLC0415
-    from dreamgym.buffer.store import upsert_transitions  # noqa: PLC0415
+    from dreamgym.buffer.store import ingest_file  # noqa: PLC0415
     from dreamgym.data.schema import read_transitions  # noqa: PLC0415
 
     config = _config(params)
-    table = read_transitions(file)
-    embed = lazy_embedder(config.buffer.encoder, config.buffer.encode_batch_size)
+    read_transitions(file)  # a bad file is reported before any server starts
     with _open_buffer(params, config) as database:
-        result = upsert_transitions(database, table, embed=embed, data_version=data_version,
-                                    batch_rows=config.buffer.upsert_batch_rows, progress=True)
+        result = ingest_file(database, file, config.buffer, data_version)
     print(json.dumps({"inserted": result.inserted, "skipped": result.skipped}))
 
 

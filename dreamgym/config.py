@@ -24,6 +24,7 @@ POLICIES = ("expert", "noisy-expert", "random")
 TW_ROOM_CHOICES = (1, 6, 9, 12)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+_MEMORY = r"^[1-9][0-9]*(kB|MB|GB)$"  # a Postgres memory setting, e.g. 512MB
 
 
 class ConfigError(DreamgymError):
@@ -115,10 +116,22 @@ class BufferConfig:
                                         ge=1, le=16000)] = 384
     encode_batch_size: Annotated[int, _help("Texts embedded per encoder call.", ge=1)] = 64
     upsert_batch_rows: Annotated[int, _help("Rows written per transaction.", ge=1)] = 2000
-    ef_search: Annotated[int, _help("HNSW candidate list size at query time (recall vs speed).",
-                                    ge=1, le=1000)] = 40
+    ef_search: Annotated[int, _help("HNSW candidate list size at query time (recall vs speed; "
+                                    "100 gives recall@10 ~0.96 at 100k rows, see benchmarks/buffer.py).",
+                                    ge=1, le=1000)] = 100
     top_k: Annotated[int, _help("Neighbours returned by a query unless asked otherwise.",
                                 ge=1, le=1000)] = 4
+    bulk_load_fraction: Annotated[float, _help(
+        "A load adding at least this fraction of the buffer's rows drops the HNSW index and builds "
+        "it again after the rows are in, in one transaction: much faster than inserting into the "
+        "index. 0 always does; a value above 1 never does.", ge=0)] = 0.2
+    index_build_memory: Annotated[str, _help(
+        "maintenance_work_mem while the HNSW index is built; an index that does not fit builds "
+        "many times slower (~2 kB per transition at 384 dims).", pattern=_MEMORY)] = "1GB"
+    embedded_shared_buffers: Annotated[str, _help(
+        "shared_buffers of the embedded Postgres (not used with DATABASE_URL); keep it above the "
+        "HNSW index size for fast queries. A change takes effect when the server next starts.",
+        pattern=_MEMORY)] = "512MB"
 
 
 @dataclass(config=_STRICT)
@@ -149,6 +162,8 @@ def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]
     key = ".".join(str(part) for part in error["loc"])
     value = error.get("input")
     message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "string_pattern_mismatch" and error["ctx"]["pattern"] == _MEMORY:
+        message = "must be a Postgres memory size: a whole number then kB, MB or GB, e.g. 512MB"
     if key in overridden:  # the CLI option is named after the key's last part
         return f"--{key.rsplit('.', 1)[-1].replace('_', '-')} {value!r}: {message}"
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):

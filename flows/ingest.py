@@ -23,9 +23,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from dreamgym.buffer.embeddings import lazy_embedder
 from dreamgym.buffer.migrations import open_migrated
-from dreamgym.buffer.store import UpsertResult, upsert_transitions
+from dreamgym.buffer.store import UpsertResult, ingest_file
 from dreamgym.config import (BufferConfig, GamesConfig, PipelineConfig, ValidationConfig, config_to_dict,
                              flatten)
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
@@ -73,13 +72,10 @@ def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> 
 @task(name="upsert-buffer", retries=2, retry_delay_seconds=5)
 def upsert_task(validated: str, data_version: str, run_dir: str, config: BufferConfig) -> UpsertResult:
     """Only validated rows enter the buffer; a retry re-inserts nothing already committed."""
-    with open_migrated(run_dir, config.embedding_dim) as database:
-        result = upsert_transitions(database, read_transitions(validated),
-                                    embed=lazy_embedder(config.encoder, config.encode_batch_size),
-                                    data_version=data_version, batch_rows=config.upsert_batch_rows,
-                                    progress=True)
-    get_run_logger().info("buffer: %d inserted, %d already there (%.1fs)", result.inserted,
-                          result.skipped, result.seconds)
+    with open_migrated(run_dir, config) as database:
+        result = ingest_file(database, validated, config, data_version)
+    get_run_logger().info("buffer: %d inserted, %d already there (%.1fs%s)", result.inserted,
+                          result.skipped, result.seconds, ", HNSW index rebuilt" if result.bulk else "")
     return result
 
 

@@ -84,7 +84,7 @@ def buffer_server(tmp_path_factory):
     """One real embedded Postgres with pgvector for the session; tests get their own database."""
     from dreamgym.buffer.db import open_database
 
-    database = open_database(tmp_path_factory.mktemp("buffer-run"))
+    database = open_database(tmp_path_factory.mktemp("buffer-run"), shared_buffers="160MB")
     yield database
     database.close()
 

@@ -20,7 +20,7 @@ from dreamgym.buffer.migrations import (MIGRATIONS_DIR, MigrationError, apply_mi
                                         load_migrations)
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.stats import buffer_stats
-from dreamgym.buffer.store import upsert_transitions
+from dreamgym.buffer.store import HNSW_INDEX, upsert_transitions
 from dreamgym.data.schema import content_hash, read_transitions, to_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,10 +91,39 @@ def test_upsert_is_idempotent_and_never_embeds_a_stored_row(buffer_db, offline_d
     assert versions == [("md5-a", "real")]
 
 
-def test_a_stored_transition_is_its_own_nearest_neighbour(filled, offline_rows, offline_vectors):
-    texts = [transition_text(r["instruction"], r["state"], r["action"]) for r in offline_rows]
+def _unique_text_rows(rows: list[dict]) -> list[int]:
+    texts = [transition_text(r["instruction"], r["state"], r["action"]) for r in rows]
     repeats = Counter(texts)
-    unique = [i for i, t in enumerate(texts) if repeats[t] == 1][:10]
+    return [i for i, t in enumerate(texts) if repeats[t] == 1]
+
+
+def test_a_large_load_rebuilds_the_index_and_a_small_one_inserts_into_it(
+        buffer_db, offline_dataset, offline_rows, offline_vectors):
+    with buffer_db.engine.connect() as connection:
+        index = connection.execute(text("SELECT pg_get_indexdef(to_regclass(:n))"), {"n": HNSW_INDEX}).scalar()
+    table, cut = read_transitions(offline_dataset), int(len(offline_rows) * 0.9)
+    large = upsert_transitions(buffer_db, table.slice(0, cut), embeddings=offline_vectors[:cut])
+    small = upsert_transitions(buffer_db, table.slice(cut), embeddings=offline_vectors[cut:])
+    assert large.bulk and not small.bulk
+    assert large.inserted + small.inserted == count(buffer_db) == len(offline_rows)
+    with buffer_db.engine.connect() as connection:
+        assert connection.execute(text("SELECT pg_get_indexdef(to_regclass(:n))"),
+                                  {"n": HNSW_INDEX}).scalar() == index
+    # Rows of both loads are reachable through the index.
+    unique = _unique_text_rows(offline_rows)
+    probes = [i for i in unique if i < cut][:3] + [i for i in unique if i >= cut][:3]
+    assert len(probes) == 6
+    for probe, neighbours in zip(probes, search(buffer_db, offline_vectors[probes], k=1)):
+        assert neighbours[0].transition["content_hash"] == offline_rows[probe]["content_hash"]
+
+
+def test_the_embedded_server_runs_with_the_configured_shared_buffers(buffer_server):
+    with buffer_server.engine.connect() as connection:
+        assert connection.exec_driver_sql("SHOW shared_buffers").scalar() == "160MB"
+
+
+def test_a_stored_transition_is_its_own_nearest_neighbour(filled, offline_rows, offline_vectors):
+    unique = _unique_text_rows(offline_rows)[:10]
     assert unique, "the dataset should have transitions whose text is unique"
     results = search(filled, offline_vectors[unique], k=5)
     for index, neighbours in zip(unique, results):
@@ -154,7 +183,7 @@ def test_stats(filled, offline_rows):
     assert stats["transitions"] == len(offline_rows)
     assert stats["by_source_env"] == [{"source": "real", "env": "textworld", "transitions": len(offline_rows)}]
     assert stats["hnsw_index"] and stats["without_embedding"] == 0
-    assert stats["migrations"] == ["001_buffer"]
+    assert stats["migrations"] == ["001_buffer", "002_embedding_inline"]
 
 
 def test_command_line(buffer_db, offline_dataset, offline_rows):

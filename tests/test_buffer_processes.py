@@ -21,12 +21,14 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import text
 
+from dreamgym.buffer.store import HNSW_INDEX
 from dreamgym.data.schema import read_transitions, write_transitions
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per child: generous for a loaded 2-core machine
 
-# argv: parquet, batch_rows, go file ("-": start at once), hold_at (commit number to stall in; 0: never).
+# argv: parquet, batch_rows, go file ("-": start at once), hold_at (commit number to stall in; 0: never),
+# bulk_load_fraction (0: one transaction with the HNSW index rebuilt; 2: a transaction per batch).
 CHILD = r'''
 import json, sys, time
 from pathlib import Path
@@ -37,18 +39,19 @@ from dreamgym.buffer.db import open_database
 from dreamgym.data.schema import read_transitions
 
 path, batch_rows, go, hold_at = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+bulk_load_fraction = float(sys.argv[5])
 table = read_transitions(path)
 vectors = np.stack([np.random.default_rng(int(h[:8], 16)).standard_normal(384)
                     for h in table["content_hash"].to_pylist()])
 vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
 database = open_database("unused")  # DATABASE_URL names the test's database
 
-write_batch, commits = store._write_batch, 0
-def reporting_write_batch(*args, **kwargs):
-    inserted = write_batch(*args, **kwargs)
-    print("batch", inserted, flush=True)  # printed only once the batch has committed
+in_transaction, commits = store._in_transaction, 0
+def reporting_in_transaction(*args, **kwargs):
+    inserted = in_transaction(*args, **kwargs)
+    print("batch", inserted, flush=True)  # printed only once the transaction has committed
     return inserted
-store._write_batch = reporting_write_batch
+store._in_transaction = reporting_in_transaction
 
 @event.listens_for(database.engine, "commit")  # fires before COMMIT is sent: inside the batch
 def stall(_connection):
@@ -61,8 +64,10 @@ def stall(_connection):
 print("ready", flush=True)
 while go != "-" and not Path(go).exists():
     time.sleep(0.005)
-result = store.upsert_transitions(database, table, embeddings=vectors, batch_rows=batch_rows)
-print("result", json.dumps({"inserted": result.inserted, "skipped": result.skipped}), flush=True)
+result = store.upsert_transitions(database, table, embeddings=vectors, batch_rows=batch_rows,
+                                  bulk_load_fraction=bulk_load_fraction)
+print("result", json.dumps({"inserted": result.inserted, "skipped": result.skipped,
+                            "bulk": result.bulk}), flush=True)
 '''
 
 
@@ -130,8 +135,15 @@ def _column(database, sql: str) -> list:
         return [row[0] for row in connection.execute(text(sql))]
 
 
+def _hnsw_index(database) -> str | None:
+    with database.engine.connect() as connection:
+        return connection.execute(text("SELECT pg_get_indexdef(to_regclass(:name))"),
+                                  {"name": HNSW_INDEX}).scalar()
+
+
+@pytest.mark.parametrize("bulk_load_fraction", [2.0, 0.0], ids=["per-batch", "bulk"])
 def test_two_processes_ingesting_overlapping_files_at_once_end_with_the_union(
-        offline_dataset, buffer_db, spawn, tmp_path):
+        offline_dataset, buffer_db, spawn, tmp_path, bulk_load_fraction):
     table = read_transitions(offline_dataset)
     n = table.num_rows
     cut = int(n * 0.3)
@@ -141,7 +153,8 @@ def test_two_processes_ingesting_overlapping_files_at_once_end_with_the_union(
     file_b = write_transitions(pa.concat_tables([table.slice(n - cut), table.slice(cut, n - 2 * cut)]),
                                tmp_path / "b.parquet")
     go = tmp_path / "go"
-    children = [spawn(file_a, 20, go, 0), spawn(file_b, 20, go, 0)]
+    index_before = _hnsw_index(buffer_db)
+    children = [spawn(file_a, 20, go, 0, bulk_load_fraction), spawn(file_b, 20, go, 0, bulk_load_fraction)]
     for child in children:  # both connected and loaded before either writes
         child.expect("ready")
     go.touch()
@@ -156,6 +169,8 @@ def test_two_processes_ingesting_overlapping_files_at_once_end_with_the_union(
         sorted(set(table["task_id"].to_pylist()))
     assert sorted(_column(buffer_db, "SELECT trajectory_id FROM trajectories")) == \
         sorted(set(table["trajectory_id"].to_pylist()))
+    assert [r["bulk"] for r in results] == [bulk_load_fraction == 0.0] * 2
+    assert _hnsw_index(buffer_db) == index_before  # rebuilt as it was, by whichever loaded last
 
 
 def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows(
@@ -166,7 +181,7 @@ def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows
 
     # The child commits three batches, then stalls inside the fourth batch's transaction (its
     # rows already inserted, not committed) until SIGKILL: the crash every writer must survive.
-    child = spawn(offline_dataset, batch_rows, "-", committed + 1)
+    child = spawn(offline_dataset, batch_rows, "-", committed + 1, 2.0)
     lines = child.expect("holding")
     assert sum(line.startswith("batch") for line in lines) == committed
     child.proc.send_signal(signal.SIGKILL)
@@ -177,8 +192,34 @@ def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows
     assert set(present) == set(hashes[:batch_rows * committed])
     assert len(present) == len(set(present))
 
-    result = spawn(offline_dataset, batch_rows, "-", 0).result()
+    result = spawn(offline_dataset, batch_rows, "-", 0, 2.0).result()
     stored = _column(buffer_db, "SELECT content_hash FROM transitions")
     assert len(stored) == len(set(hashes)) and set(stored) == set(hashes)
     assert result["inserted"] == len(set(hashes)) - len(present)
     assert result["skipped"] == len(hashes) - result["inserted"]
+
+
+def test_a_process_killed_in_a_bulk_load_leaves_the_buffer_and_its_index_as_they_were(
+        offline_dataset, buffer_db, spawn, tmp_path):
+    table = read_transitions(offline_dataset)
+    first = write_transitions(table.slice(0, 10), tmp_path / "first.parquet")
+    assert spawn(first, 10, "-", 0, 2.0).result()["bulk"] is False
+    index = _hnsw_index(buffer_db)
+    assert index is not None
+
+    # The bulk load stalls after dropping the index, inserting and building it again, just
+    # before its COMMIT, until SIGKILL.
+    child = spawn(offline_dataset, 10, "-", 1, 0.0)
+    child.expect("holding")
+    child.proc.send_signal(signal.SIGKILL)
+    assert child.proc.wait(TIMEOUT) == -signal.SIGKILL
+    before = set(read_transitions(first)["content_hash"].to_pylist())
+    assert set(_column(buffer_db, "SELECT content_hash FROM transitions")) == before
+    assert _hnsw_index(buffer_db) == index
+
+    result = spawn(offline_dataset, 10, "-", 0, 0.0).result()
+    hashes = set(table["content_hash"].to_pylist())
+    assert result["bulk"] is True and result["inserted"] == len(hashes - before)
+    stored = _column(buffer_db, "SELECT content_hash FROM transitions")
+    assert len(stored) == len(hashes) and set(stored) == hashes
+    assert _hnsw_index(buffer_db) == index

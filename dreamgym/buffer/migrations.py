@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from dreamgym.config import BufferConfig
 from dreamgym.errors import DreamgymError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "sql"
@@ -89,10 +90,10 @@ def apply_migrations(engine: Engine, migrations: list[Migration]) -> list[str]:
     return applied_now
 
 
-def open_migrated(run_dir, embedding_dim: int, url: str | None = None):
+def open_migrated(run_dir, config: BufferConfig, url: str | None = None):
     """Open the buffer database and bring its schema up to date."""
     from dreamgym.buffer.db import open_database  # noqa: PLC0415 - db does not need migrations
 
-    database = open_database(run_dir, url)
-    apply_migrations(database.engine, load_migrations(embedding_dim))
+    database = open_database(run_dir, url, shared_buffers=config.embedded_shared_buffers)
+    apply_migrations(database.engine, load_migrations(config.embedding_dim))
     return database

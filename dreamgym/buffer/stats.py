@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from dreamgym.buffer.db import Database
+from dreamgym.buffer.store import HNSW_INDEX
 
 
 def buffer_stats(database: Database) -> dict:
@@ -19,8 +20,8 @@ def buffer_stats(database: Database) -> dict:
             " (SELECT count(*) FROM trajectories) AS trajectories,"
             " (SELECT count(*) FROM tasks) AS tasks")).one()
         index = connection.execute(text(
-            "SELECT indexdef FROM pg_indexes WHERE tablename = 'transitions'"
-            " AND indexname = 'transitions_embedding_hnsw'")).scalar()
+            "SELECT indexdef FROM pg_indexes WHERE tablename = 'transitions' AND indexname = :name"),
+            {"name": HNSW_INDEX}).scalar()
         migrations = [row[0] for row in connection.execute(
             text("SELECT name FROM schema_migrations ORDER BY version"))]
     return {
