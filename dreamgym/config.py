@@ -135,6 +135,53 @@ class BufferConfig:
 
 
 @dataclass(config=_STRICT)
+class ExperienceConfig:
+    """The experience model: SFT examples, the causal LM, training, generation, fidelity."""
+
+    # Examples (the ablations are these three set to 0 / false)
+    history: Annotated[int, _help("h: previous steps of the episode shown in the prompt.", ge=0, le=50)] = 3
+    neighbours: Annotated[int, _help("k: similar transitions retrieved from the buffer into the "
+                                     "prompt (never from the same trajectory); 0 turns retrieval off.",
+                                     ge=0, le=32)] = 3
+    reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
+    annotator: Annotated[Literal["state-diff", "openai"], _help(
+        "Who writes reasoning traces: 'state-diff' derives them from the state change; 'openai' "
+        "asks an OpenAI-compatible endpoint (annotator_url, annotator_model).")] = "state-diff"
+    annotator_url: Annotated[str, _help("Base URL of the OpenAI-compatible server, e.g. "
+                                        "http://localhost:8000/v1 (annotator: openai).")] = ""
+    annotator_model: Annotated[str, _help("Model name to ask (annotator: openai).")] = ""
+    # Model
+    model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
+                                "a tokenizer and small Llama trained on the examples.", min_length=1)] = "from_scratch"
+    vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 2048
+    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 256
+    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 4
+    heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
+    max_length: Annotated[int, _help("Longest prompt + completion in tokens; longer examples are "
+                                     "left-truncated in the prompt.", ge=64)] = 1024
+    # Training
+    epochs: Annotated[float, _help("Passes over the training examples.", gt=0)] = 3.0
+    batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1)] = 8
+    learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 1e-3
+    warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1)] = 0.05
+    save_steps: Annotated[int, _help("Checkpoint every this many steps (training resumes from the "
+                                     "last one).", ge=1)] = 100
+    # Generation and evaluation
+    max_new_tokens: Annotated[int, _help("Longest completion generated.", ge=8)] = 384
+    retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
+                                  "reported as a failure.", ge=0)] = 2
+    eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0)] = 20
+    multi_step: Annotated[int, _help("Open-loop steps replayed through the model per episode.", ge=0)] = 10
+
+    def __post_init__(self) -> None:
+        if self.annotator == "openai" and not (self.annotator_url and self.annotator_model):
+            raise ValueError("annotator 'openai' needs annotator_url and annotator_model: set both, "
+                             "or use annotator: state-diff")
+        if self.hidden_size % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+
+
+@dataclass(config=_STRICT)
 class PathsConfig:
     """Where things live, relative to the project directory unless absolute."""
 
@@ -156,6 +203,7 @@ class PipelineConfig:
     collect: CollectConfig = dataclasses.field(default_factory=CollectConfig)
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
+    experience: ExperienceConfig = dataclasses.field(default_factory=ExperienceConfig)
 
 
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:
