@@ -117,8 +117,8 @@ class BufferConfig:
     encode_batch_size: Annotated[int, _help("Texts embedded per encoder call.", ge=1)] = 64
     upsert_batch_rows: Annotated[int, _help("Rows written per transaction.", ge=1)] = 2000
     ef_search: Annotated[int, _help("HNSW candidate list size at query time (recall vs speed; "
-                                    "100 gives recall@10 ~0.96 at 100k rows, see benchmarks/buffer.py).",
-                                    ge=1, le=1000)] = 100
+                                    "80 gives recall@10 0.96 in ~4 ms at 100k rows, see benchmarks/buffer.py).",
+                                    ge=1, le=1000)] = 80
     top_k: Annotated[int, _help("Neighbours returned by a query unless asked otherwise.",
                                 ge=1, le=1000)] = 4
     bulk_load_fraction: Annotated[float, _help(
@@ -154,8 +154,8 @@ class ExperienceConfig:
     model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
                                 "a tokenizer and small Llama trained on the examples.", min_length=1)] = "from_scratch"
     vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 2048
-    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 256
-    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 4
+    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 192
+    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 3
     heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
     max_length: Annotated[int, _help("Longest prompt + completion in tokens; longer examples are "
                                      "left-truncated in the prompt.", ge=64)] = 1024

@@ -93,7 +93,7 @@ def configure_session(database: Database, cursor, connection_info: dict, ef_sear
 
 
 def search(database: Database, vectors: np.ndarray, k: int,
-           filters: Filters | Sequence[Filters] = Filters(), ef_search: int = 100) -> list[list[Neighbour]]:
+           filters: Filters | Sequence[Filters] = Filters(), ef_search: int = 80) -> list[list[Neighbour]]:
     """The k nearest transitions of each query vector (one list per query, most similar first).
 
     `filters` is one `Filters` for every query or one per query.
@@ -117,3 +117,13 @@ def search(database: Database, vectors: np.ndarray, k: int,
                 results[query_index - 1].append(Neighbour(float(similarity),
                                                           dict(zip(RETURNED_COLUMNS, values))))
     return results
+
+
+def stored_embeddings(database: Database, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+    """The stored embeddings of those content hashes the buffer holds."""
+    with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
+        cursor.execute("SELECT content_hash, embedding FROM transitions "
+                       "WHERE content_hash = ANY(%s) AND embedding IS NOT NULL", (list(hashes),))
+        return {content: np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector,
+                                    dtype=np.float32)
+                for content, vector in cursor.fetchall()}
