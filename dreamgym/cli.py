@@ -40,16 +40,19 @@ def run(params: ParamsOption = Path("params.yaml")) -> None:
 
     services = configure_services(project_dir / config.paths.run_dir)
     from flows.ingest import ingest  # noqa: PLC0415 - imports Prefect, after its settings are set
+    from flows.train_experience import train_experience  # noqa: PLC0415
 
     summary = ingest(config, str(project_dir))
-    _print_run_summary(summary, services)
+    experience = train_experience(config, summary, str(project_dir))
+    _print_run_summary(summary, experience, services)
 
 
-def _print_run_summary(summary: dict, services: dict[str, str]) -> None:
+def _print_run_summary(summary: dict, experience: dict, services: dict[str, str]) -> None:
     from flows.ingest import summary_rows  # noqa: PLC0415
+    from flows.train_experience import experience_rows  # noqa: PLC0415
 
     table = Table(title="dreamgym run", show_header=False)
-    for label, value in summary_rows(summary):
+    for label, value in summary_rows(summary) + experience_rows(experience):
         table.add_row(label, value)
     out = Console(soft_wrap=True)
     out.print(table)
@@ -238,6 +241,56 @@ def buffer_stats_command(
     for group in stats["by_source_env"]:
         table.add_row(f"{group['source']} / {group['env']}", str(group["transitions"]))
     Console().print(table)
+
+
+experience_app = typer.Typer(no_args_is_help=True, help="The experience model (a learned environment).")
+app.add_typer(experience_app, name="experience")
+
+
+@experience_app.command("eval")
+def experience_eval(
+    games: Annotated[Path, typer.Option(help="Folder of held-out games (e.g. data/games/test).")],
+    json_out: Annotated[Path, typer.Option("--json", help="Where to write the fidelity report.")],
+    model: Annotated[str, typer.Option(help="A model folder, models:/name/version, models:/name@alias, "
+                                            "or a registered name (its latest version).")] = "dreamgym-experience",
+    eval_games: Annotated[int | None, typer.Option(help="Games to use, 0 for all (default: "
+                                                        "experience.eval_games).")] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Fidelity of an experience model against the real game, on real transitions it never saw."""
+    import mlflow  # noqa: PLC0415
+
+    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
+    from dreamgym.experience.fidelity import collect_real, evaluate  # noqa: PLC0415
+    from dreamgym.experience.generate import open_experience_model  # noqa: PLC0415
+    from dreamgym.experience.report import log_fidelity  # noqa: PLC0415
+    from dreamgym.registry import resolve_model  # noqa: PLC0415
+    from dreamgym.tracking import configure_services, experiment_id  # noqa: PLC0415
+
+    config = _config(params, {"experience.eval_games": eval_games})
+    project = params.resolve().parent
+    run_dir = project / config.paths.run_dir
+    if not games.is_dir():
+        raise DreamgymError(f"--games {games}: no such folder; make held-out games with "
+                            "`dreamgym games --split test`")
+    configure_services(run_dir)
+    model_dir, label = resolve_model(model, run_dir / "models")
+    real = collect_real(games, project / config.paths.outputs_dir / "experience" /
+                        f"eval-{games.resolve().name}.parquet", config)
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
+    with mlflow.start_run(run_name="experience-eval"):
+        mlflow.set_tags({"dreamgym.stage": "experience-eval", "dreamgym.model": label,
+                         "dreamgym.eval_games": str(games.resolve())})
+        with open_experience_model(model_dir, run_dir, config) as experience:
+            report = evaluate(experience, read_transitions(real).to_pylist(), config.experience.multi_step,
+                              progress=True)
+        summary = log_fidelity(report)
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps({"model": label, **summary}, indent=2))
+    console.print(f"next-state exact match {summary['next_state_exact_match']:.1%}, reward accuracy "
+                  f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
+                  f"parse failures {summary['parse_failure_rate']:.1%} on {summary['transitions']} "
+                  f"transitions → {json_out}")
 
 
 def main() -> None:

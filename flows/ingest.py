@@ -163,7 +163,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
             "buffer": asdict(upserted),
             "test_games_dir": str(data_dir / "games" / "test"),
         }
-        create_markdown_artifact(key="ingest-summary", markdown=_markdown(summary),
+        create_markdown_artifact(key="ingest-summary", markdown=markdown_table("Ingest", summary_rows(summary)),
                                  description="Offline dataset made by the ingest flow")
         return summary
 
@@ -185,6 +185,6 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     ]
 
 
-def _markdown(summary: dict) -> str:
-    rows = summary_rows(summary)
-    return "## Ingest\n\n| | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+def markdown_table(title: str, rows: list[tuple[str, str]]) -> str:
+    """Summary rows as the Markdown of a Prefect artifact."""
+    return f"## {title}\n\n| | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -1,0 +1,188 @@
+"""Supervised examples for the experience model: one (prompt, completion) per real transition.
+
+The prompt holds the last `history` steps of the episode and `neighbours` similar transitions
+retrieved from the replay buffer as worked examples, never from the example's own trajectory
+(that would show the model the answer's neighbourhood in its own episode, which a synthetic
+rollout never has). Retrieval is batched: one search for a batch of rows.
+
+`done` in a completion is the environment's `terminated` (the game was won or lost), not
+`truncated`: truncation is the step budget of whoever runs the episode, which neither the state
+nor the action shows, so the synthetic environment applies its own budget, as the real one does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from dreamgym.buffer.db import Database
+from dreamgym.buffer.embeddings import Encoder, transition_text
+from dreamgym.buffer.retrieval import Filters, search, stored_embeddings
+from dreamgym.config import ExperienceConfig
+from dreamgym.experience.annotate import Annotator, describe_change
+from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
+                                        state_delta)
+from dreamgym.state import AbstractState, format_state, parse_state
+
+
+# Candidates fetched per neighbour kept: room for repeats of one step across episodes.
+_CANDIDATES_PER_NEIGHBOUR = 3
+
+
+@dataclass(frozen=True)
+class Example:
+    """One SFT example, with where it and its worked examples come from."""
+
+    prompt: str
+    completion: str
+    trajectory_id: str
+    task_id: str
+    step: int
+    content_hash: str
+    neighbour_hashes: tuple[str, ...] = ()          # content hashes of the worked examples
+    neighbour_trajectory_ids: tuple[str, ...] = ()  # and their trajectories, in prompt order
+
+
+def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
+    """The up to `h` steps just before `rows[index]` in its trajectory, oldest first.
+
+    `rows` are sorted by (trajectory_id, step). The history stops at a gap in the step numbers
+    (a transition quarantined by validation): a step further back would be shown as the previous
+    one, which it is not.
+    """
+    row, steps = rows[index], []
+    for previous in reversed(rows[max(0, index - h):index]):
+        if (previous["trajectory_id"] != row["trajectory_id"]
+                or previous["step"] != row["step"] - len(steps) - 1):
+            break
+        steps.append(Step(previous["action"], previous["reward"],
+                          parse_state(previous["state"]).location))
+    return steps[::-1]
+
+
+def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequence[dict], k: int,
+               ef_search: int, vectors: np.ndarray | None = None) -> list[list[dict]]:
+    """The k most similar distinct transitions of each query, in one search for all of them.
+
+    A query has `instruction`, `state` (its text, as in a transition row, or an `AbstractState`,
+    as in a rollout) and `action`, and optionally `trajectory_id`, whose transitions are then never
+    returned. `vectors` are the queries' embeddings when known (else they are encoded). Repeats of
+    one (state, action) from other episodes are kept once: a copy teaches the model nothing the
+    first did not, and costs prompt length. With k == 0 nothing is retrieved and neither the
+    database nor the encoder is needed.
+    """
+    if k == 0 or not queries:
+        return [[] for _ in queries]
+    if database is None or (encoder is None and vectors is None):
+        raise ValueError("retrieving neighbours (k > 0) needs a buffer database and an encoder")
+    if vectors is None:
+        vectors = encoder.encode([transition_text(q["instruction"], _state_text(q["state"]),
+                                                  q["action"]) for q in queries])
+    filters = [Filters(exclude_trajectory_ids=(q["trajectory_id"],) if q.get("trajectory_id")
+                       else ()) for q in queries]
+    found = search(database, vectors, k * _CANDIDATES_PER_NEIGHBOUR, filters=filters, ef_search=ef_search)
+    return [_distinct([hit.transition for hit in hits], k) for hits in found]
+
+
+def _distinct(transitions: list[dict], k: int) -> list[dict]:
+    kept, seen = [], set()
+    for transition in transitions:
+        key = (transition["state"], transition["action"])
+        if key not in seen:
+            seen.add(key)
+            kept.append(transition)
+    return kept[:k]
+
+
+def _state_text(state: str | AbstractState) -> str:
+    return state if isinstance(state, str) else format_state(state)
+
+
+def to_worked(transition: dict) -> Worked:
+    """A retrieved transition (retrieval.RETURNED_COLUMNS) as a worked example."""
+    state, next_state = parse_state(transition["state"]), parse_state(transition["next_state"])
+    return Worked(location=state.location, action=transition["action"],
+                  delta=state_delta(state, next_state), reward=transition["reward"],
+                  done=transition["terminated"])
+
+
+def worked_examples(database: Database | None, encoder: Encoder | None, queries: Sequence[dict],
+                    k: int, ef_search: int) -> list[list[Worked]]:
+    """The worked examples of each query (see `neighbours`), most similar first."""
+    return [[to_worked(t) for t in found]
+            for found in neighbours(database, encoder, queries, k, ef_search)]
+
+
+def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
+                   config: ExperienceConfig, ef_search: int, annotate: Annotator = describe_change,
+                   batch: int = 256, progress: bool = False) -> list[Example]:
+    """One example per transition row (`dreamgym.data.schema` columns), sorted by trajectory and
+    step; retrieval runs once per `batch` rows."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    ordered = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
+    examples: list[Example] = []
+    with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
+        for start in range(0, len(ordered), batch):
+            chunk = ordered[start:start + batch]
+            found = neighbours(database, encoder, chunk, config.neighbours, ef_search,
+                               _known_vectors(database, encoder, chunk) if config.neighbours else None)
+            examples += [_example(ordered, start + offset, transitions, config, annotate)
+                         for offset, transitions in enumerate(found)]
+            bar.update(len(found))
+    return examples
+
+
+def _example(rows: Sequence[dict], index: int, found: list[dict], config: ExperienceConfig,
+             annotate: Annotator) -> Example:
+    row = rows[index]
+    state, next_state = parse_state(row["state"]), parse_state(row["next_state"])
+    done = row["terminated"]
+    reasoning = (annotate(state, row["action"], next_state, row["reward"], done, row["won"])
+                 if config.reasoning else None)
+    prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state,
+                           row["action"], [to_worked(t) for t in found])
+    return Example(prompt=prompt,
+                   completion=format_completion(reasoning, state_delta(state, next_state),
+                                                row["reward"], done),
+                   trajectory_id=row["trajectory_id"], task_id=row["task_id"], step=row["step"],
+                   content_hash=row["content_hash"],
+                   neighbour_hashes=tuple(t["content_hash"] for t in found),
+                   neighbour_trajectory_ids=tuple(t["trajectory_id"] for t in found))
+
+
+def _known_vectors(database: Database, encoder: Encoder | None, rows: Sequence[dict]) -> np.ndarray:
+    """The rows' embeddings, read from the buffer where stored (encoding is the slow part)."""
+    stored = stored_embeddings(database, [row["content_hash"] for row in rows])
+    missing = [row for row in rows if row["content_hash"] not in stored]
+    if missing:
+        if encoder is None:
+            raise ValueError("rows not in the buffer need an encoder to be embedded")
+        encoded = encoder.encode([transition_text(r["instruction"], r["state"], r["action"]) for r in missing])
+        stored |= {row["content_hash"]: vector for row, vector in zip(missing, encoded)}
+    return np.stack([stored[row["content_hash"]] for row in rows])
+
+
+def save_examples(examples: Sequence[Example], path: str | Path) -> Path:
+    """Write examples to Parquet, atomically (a crash never leaves a partial file to be reused)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = {field.name: [getattr(e, field.name) for e in examples] for field in fields(Example)}
+    columns = {name: [list(v) for v in values] if name.startswith("neighbour_") else values
+               for name, values in columns.items()}
+    partial = path.with_suffix(".partial")
+    pq.write_table(pa.table(columns), partial)
+    partial.replace(path)
+    return path
+
+
+def load_examples(path: str | Path) -> list[Example]:
+    return [Example(**{name: tuple(value) if name.startswith("neighbour_") else value
+                       for name, value in row.items()})
+            for row in pq.read_table(path).to_pylist()]

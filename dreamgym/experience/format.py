@@ -1,0 +1,328 @@
+"""The experience model's text format: prompt, completion and state delta, defined here only.
+
+A prompt shows the task, worked examples retrieved from the buffer, the last steps of the
+episode, the current state and the action. The completion the model learns to write is:
+
+    <reasoning>The fridge is now open; ... The score does not change.</reasoning>
+    <next_state>
+    visible: -fridge (closed); +carrot (in fridge); +fridge (open)
+    actions: -open fridge; +close fridge; +take carrot from fridge
+    </next_state>
+    <reward>0</reward>
+    <done>false</done>
+
+(no reasoning section when the model is trained without reasoning). The next state is written as
+a *delta* from the current state, not in full: a full state is ~830 characters, most of them the
+~30 available actions, while a step changes a few items, and every token costs on a CPU. A delta
+has one line per changed field, in the state's field order:
+
+    location: corridor              the new location
+    visible: -a; -b; +c             removals then additions, each group sorted
+    visible = a; b; c               the whole new list (`visible =` when it becomes empty)
+
+and a list field takes whichever of the two forms is shorter. `no change` is the delta of a step
+that changes nothing. `parse_completion` reads a completion back strictly: anything that is not
+exactly a valid completion raises `FormatError` saying what is wrong, so that the synthetic
+environment can count and retry it instead of guessing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dreamgym.errors import DreamgymError
+from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state
+
+LIST_FIELDS = FIELDS[1:]
+NO_CHANGE = "no change"
+SECTIONS = ("reasoning", "next_state", "reward", "done")
+
+_TAG = re.compile(r"<(/?)(reasoning|next_state|reward|done)>")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
+
+
+class FormatError(DreamgymError):
+    """A completion or state delta that does not follow the experience model's format."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a completion says: the reasoning (None without reasoning) and the predicted step."""
+
+    reasoning: str | None
+    next_state: AbstractState
+    reward: float
+    done: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    """One earlier step of the episode, as the prompt's history shows it."""
+
+    action: str
+    reward: float
+    location: str
+
+
+@dataclass(frozen=True)
+class Worked:
+    """A retrieved transition shown as a worked example: where, what was done, what followed."""
+
+    location: str
+    action: str
+    delta: str
+    reward: float
+    done: bool
+
+
+# --- numbers and flags -------------------------------------------------------------------------
+
+def format_number(value: float) -> str:
+    """Compact (`1`, `0.5`, `-1`), and exact: falls back to repr when `:g` would round."""
+    if not math.isfinite(value):
+        raise FormatError(f"reward {value} is not a finite number")
+    compact = f"{value:g}"
+    return compact if float(compact) == value else repr(float(value))
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+# --- state delta -------------------------------------------------------------------------------
+
+def state_delta(state: AbstractState, next_state: AbstractState) -> str:
+    """The lines that turn `state` into `next_state` (see the module docstring)."""
+    lines = [f"location: {next_state.location}"] if next_state.location != state.location else []
+    for name in LIST_FIELDS:
+        before, after = getattr(state, name), getattr(next_state, name)
+        if before != after:
+            lines.append(_list_change(name, before, after))
+    return "\n".join(lines) or NO_CHANGE
+
+
+def _list_change(name: str, before: tuple[str, ...], after: tuple[str, ...]) -> str:
+    """The shorter of the diff and the replacement line (the diff on a tie)."""
+    removed, added = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+    diff = f"{name}: " + ITEM_SEPARATOR.join([f"-{item}" for item in removed] +
+                                             [f"+{item}" for item in added])
+    replacement = f"{name} = {ITEM_SEPARATOR.join(after)}" if after else f"{name} ="
+    return diff if len(diff) <= len(replacement) else replacement
+
+
+def apply_delta(state: AbstractState, delta: str) -> AbstractState:
+    """The state `delta` leads to from `state`; `FormatError` if the delta is not valid for it."""
+    if not delta.strip():
+        raise FormatError("empty delta: write 'no change' when nothing changes")
+    if delta == NO_CHANGE:
+        return state
+    values = {name: getattr(state, name) for name in FIELDS}
+    last = -1
+    for line in delta.split("\n"):
+        name, kind, text = _delta_line(line)
+        index = FIELDS.index(name)
+        if index == last:
+            raise FormatError(f"field '{name}' is repeated in the delta: one line per field")
+        if index < last:
+            raise FormatError(f"field '{name}' is out of order in the delta: fields go "
+                              f"{', '.join(FIELDS)}")
+        last = index
+        if name == "location":
+            values[name] = _new_location(state.location, kind, text)
+        elif kind == "=":
+            values[name] = _replaced(name, values[name], text)
+        else:
+            values[name] = _changed(name, values[name], text)
+    try:
+        return AbstractState(**values)
+    except StateParseError as error:
+        raise FormatError(f"the delta gives an invalid state: {error}") from None
+
+
+def _delta_line(line: str) -> tuple[str, str, str]:
+    """(field, ':' or '=', the rest) of one delta line."""
+    if line == NO_CHANGE:
+        raise FormatError("'no change' must be the whole delta, not one line among changes")
+    match = _DELTA_LINE.fullmatch(line)
+    if not match:
+        raise FormatError(f"malformed delta line {line[:80]!r}: expected 'field: changes' or "
+                          "'field = items'")
+    name = match[1]
+    if name not in FIELDS:
+        raise FormatError(f"unknown field '{name}' in the delta: fields are {', '.join(FIELDS)}")
+    if match[2] is not None:
+        return name, ":", match[2]
+    return name, "=", match[3] or ""
+
+
+def _new_location(current: str, kind: str, text: str) -> str:
+    if kind != ":":
+        raise FormatError("the location is written 'location: <new location>'")
+    if text == current:
+        raise FormatError(f"location line repeats the current location {current!r}: leave it "
+                          "out when the location does not change")
+    return text
+
+
+def _check_listed(what: str, items: Sequence[str]) -> None:
+    """Items as the state format writes them: sorted, each once."""
+    if list(items) != sorted(items):
+        raise FormatError(f"{what} are not sorted")
+    if len(set(items)) != len(items):
+        raise FormatError(f"{what} repeat an item")
+
+
+def _replaced(name: str, current: tuple[str, ...], text: str) -> tuple[str, ...]:
+    items = tuple(text.split(ITEM_SEPARATOR)) if text else ()
+    _check_listed(f"the items of '{name} ='", items)
+    if items == current:
+        raise FormatError(f"'{name} =' repeats the current {name}: leave unchanged fields out")
+    return items
+
+
+def _changed(name: str, current: tuple[str, ...], text: str) -> tuple[str, ...]:
+    entries = text.split(ITEM_SEPARATOR)
+    for entry in entries:
+        if len(entry) < 2 or entry[0] not in "+-":
+            raise FormatError(f"{name}: change {entry!r} must be '-item' or '+item'")
+    removed = [entry[1:] for entry in entries if entry[0] == "-"]
+    added = [entry[1:] for entry in entries if entry[0] == "+"]
+    if entries != [f"-{item}" for item in removed] + [f"+{item}" for item in added]:
+        raise FormatError(f"{name}: removals (-) must come before additions (+)")
+    _check_listed(f"{name} removals", removed)
+    _check_listed(f"{name} additions", added)
+    for item in removed:
+        if item not in current:
+            raise FormatError(f"cannot remove {item!r} from {name}: it is not there")
+        if item in added:
+            raise FormatError(f"{name}: {item!r} is both removed and added")
+    for item in added:
+        if item in current:
+            raise FormatError(f"cannot add {item!r} to {name}: it is already there")
+    return tuple(sorted(set(current).difference(removed).union(added)))
+
+
+# --- completion --------------------------------------------------------------------------------
+
+def format_completion(reasoning: str | None, delta: str, reward: float, done: bool) -> str:
+    """The completion text (see the module docstring); no end marker: the EOS token ends it."""
+    sections = ([] if reasoning is None
+                else [f"<reasoning>{_checked_reasoning(reasoning)}</reasoning>"])
+    sections += [f"<next_state>\n{delta}\n</next_state>",
+                 f"<reward>{format_number(reward)}</reward>",
+                 f"<done>{_flag(done)}</done>"]
+    return "\n".join(sections)
+
+
+def _checked_reasoning(reasoning: str) -> str:
+    """Reasoning that reads back unchanged: non-empty, no surrounding space, no section tags."""
+    if not reasoning or reasoning != reasoning.strip():
+        raise FormatError("reasoning must be non-empty text without surrounding spaces: "
+                          f"{reasoning[:80]!r}")
+    if _TAG.search(reasoning):
+        raise FormatError(f"reasoning must not contain section tags: {reasoning[:80]!r}")
+    return reasoning
+
+
+def parse_completion(text: str, state: AbstractState, reasoning: bool) -> Completion:
+    """Read a completion for a step from `state`; `FormatError` says what is wrong with it."""
+    expected = SECTIONS if reasoning else SECTIONS[1:]
+    contents = _sections(text.strip(), expected)
+    trace = contents["reasoning"].strip() if reasoning else None
+    if trace == "":
+        raise FormatError("empty <reasoning> section")
+    return Completion(reasoning=trace,
+                      next_state=apply_delta(state, contents["next_state"].strip()),
+                      reward=_parse_reward(contents["reward"]),
+                      done=_parse_done(contents["done"]))
+
+
+def _sections(text: str, expected: Sequence[str]) -> dict[str, str]:
+    """The contents of the expected sections, which must follow one another in order with only
+    whitespace between them."""
+    tags = list(_TAG.finditer(text))
+    if "reasoning" not in expected and any(tag[2] == "reasoning" for tag in tags):
+        raise FormatError("unexpected <reasoning> section: this model writes no reasoning")
+    for name in expected:
+        opened = sum(1 for tag in tags if tag[2] == name and not tag[1])
+        closed = sum(1 for tag in tags if tag[2] == name and tag[1])
+        if not opened and not closed:
+            raise FormatError(f"missing <{name}> section")
+        if opened > 1 or closed > 1:
+            raise FormatError(f"duplicated <{name}> section")
+        if opened != closed:
+            raise FormatError(f"<{name}> is not closed" if opened
+                              else f"</{name}> without <{name}>")
+    order = [tag[2] for tag in tags if not tag[1]]
+    if order != list(expected):
+        raise FormatError(f"sections out of order: got {', '.join(order)}; expected "
+                          f"{', '.join(expected)}")
+    if [(tag[2], tag[1]) for tag in tags] != [(name, closing) for name in expected
+                                              for closing in ("", "/")]:
+        raise FormatError("sections overlap: each section must be closed before the next opens")
+    _check_gaps(text, tags)
+    return {opening[2]: text[opening.end():closing.start()]
+            for opening, closing in zip(tags[::2], tags[1::2])}
+
+
+def _check_gaps(text: str, tags: list[re.Match]) -> None:
+    """Only whitespace before, between and after the sections."""
+    if text[:tags[0].start()].strip():
+        raise FormatError(f"unexpected text before <{tags[0][2]}>: {text[:tags[0].start()][:60]!r}")
+    for closing, opening in zip(tags[1::2], tags[2::2]):
+        gap = text[closing.end():opening.start()]
+        if gap.strip():
+            raise FormatError(f"unexpected text between </{closing[2]}> and <{opening[2]}>: "
+                              f"{gap.strip()[:60]!r}")
+    trailing = text[tags[-1].end():]
+    if trailing.strip():
+        raise FormatError(f"trailing text after </{tags[-1][2]}>: {trailing.strip()[:60]!r}")
+
+
+def _parse_reward(text: str) -> float:
+    if not _NUMBER.fullmatch(text):
+        raise FormatError(f"unparsable reward {text[:40]!r}: expected a number such as 1 or 0.5")
+    reward = float(text)
+    if not math.isfinite(reward):
+        raise FormatError(f"reward {text[:40]!r} is not a finite number")
+    return reward
+
+
+def _parse_done(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise FormatError(f"done must be exactly 'true' or 'false', got {text[:40]!r}")
+    return text == "true"
+
+
+# --- prompt ------------------------------------------------------------------------------------
+
+def format_prompt(instruction: str, history: Sequence[Step], state: AbstractState, action: str,
+                  worked: Sequence[Worked]) -> str:
+    """The prompt for one step; it ends with a newline so that the completion starts cleanly.
+
+    Worked examples keep the order given (most similar first); the examples and history blocks
+    are left out when empty.
+    """
+    parts = [f"<task>{instruction}</task>"]
+    if worked:
+        parts.append(_block("examples", [_worked_block(example) for example in worked]))
+    if history:
+        parts.append(_block("history", [f"{step.location}: {step.action} -> "
+                                        f"{format_number(step.reward)}" for step in history]))
+    parts.append(_block("state", [format_state(state)]))
+    parts.append(f"<action>{action}</action>")
+    return "\n".join(parts) + "\n"
+
+
+def _block(tag: str, lines: Sequence[str]) -> str:
+    return "\n".join([f"<{tag}>", *lines, f"</{tag}>"])
+
+
+def _worked_block(example: Worked) -> str:
+    outcome = f"reward: {format_number(example.reward)} done: {_flag(example.done)}"
+    return _block("example", [f"location: {example.location}", f"action: {example.action}",
+                              "changes:", example.delta, outcome])

@@ -1,0 +1,160 @@
+"""The experience model's causal LM: a from-scratch tokenizer and small Llama, or a local HF model.
+
+Special tokens of the from-scratch tokenizer, and why:
+
+- `<|bos|>` is added in front of every encoded text (the tokenizer's post-processor). Prompts are
+  left-truncated when too long, so the first real token is often mid-sentence; a fixed first token
+  gives the model a stable anchor (and attention sink) whatever the cut. TRL tokenizes with the
+  default `add_special_tokens=True`; generation must too (left truncation keeps the BOS first).
+- `<|eos|>` ends every completion (TRL appends it to the completion string) and stops generation.
+- `<|pad|>` is distinct from EOS. TRL 1.16 builds labels from the completion mask, so pad == eos
+  would train, but any code that masks labels by `pad_token_id` (older collators, custom losses)
+  would then also mask the real EOS and the model would never learn to stop. A distinct pad also
+  lets batched generation left-pad without `generate` confusing padding with finished sequences.
+  Padding side is left: the only padding this tokenizer does itself is for batched generation
+  (TRL's collator right-pads training batches on its own).
+
+A pretrained tokenizer without a pad token gets pad = eos instead (adding a token would need an
+embedding resize); that is safe with TRL's mask-based labels.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    set_seed,
+)
+
+from dreamgym.config import ExperienceConfig
+from dreamgym.errors import DreamgymError
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+FROM_SCRATCH = "from_scratch"
+
+
+class ModelNotFoundError(DreamgymError):
+    """A model name or directory that cannot be loaded from local files."""
+
+
+def device_and_dtype() -> tuple[torch.device, torch.dtype]:
+    """Where models run and in which precision for inference: CUDA in bf16 when the GPU supports
+    it (half the memory, full speed on Ampere+), else CPU in float32 (CPU bf16 matmuls are slow and
+    lose accuracy for no memory gain that matters at our sizes)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.device("cpu"), torch.float32
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer learned from `texts`: byte-level so that any text round-trips
+    exactly (no unknown tokens), learned so that the environment's repeated phrases become few tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    bos_id = tokenizer.token_to_id(BOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, bos_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS,
+                                   pad_token=PAD, padding_side="left",
+                                   clean_up_tokenization_spaces=False)
+
+
+def _intermediate_size(hidden_size: int) -> int:
+    """Llama's SwiGLU width: about 8/3 of the hidden size, in multiples of 64 for fast matmuls."""
+    return max(64, round(hidden_size * 8 / 3 / 64) * 64)
+
+
+def init_model(tokenizer: PreTrainedTokenizerBase, config: ExperienceConfig, seed: int) -> LlamaForCausalLM:
+    """A randomly initialised small Llama sized by `config`; the same seed gives the same weights."""
+    model_config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=config.hidden_size,
+        intermediate_size=_intermediate_size(config.hidden_size),
+        num_hidden_layers=config.layers, num_attention_heads=config.heads,
+        num_key_value_heads=config.heads, max_position_embeddings=config.max_length,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    set_seed(seed)
+    model = LlamaForCausalLM(model_config)
+    _sync_generation_config(model, tokenizer)
+    return model
+
+
+def _sync_generation_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """`generate` reads its stop and pad tokens from the generation config, not the tokenizer."""
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Left padding for batched generation; pad = eos where a pretrained tokenizer has no pad."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _load(name_or_path: str | Path, dtype: torch.dtype | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer from local files only: this workplace has no model hub, and a silent
+    download attempt would hang or fail obscurely instead of naming the fix."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise ModelNotFoundError(
+            f"experience.model = {str(name_or_path)!r} cannot be loaded from local files "
+            f"({str(error).splitlines()[0]}). "
+            "Nothing is downloaded here: point experience.model at a local directory holding the "
+            "model and its tokenizer (save_pretrained), pre-fill the Hugging Face cache "
+            "(HF_HOME) on a machine with access, or use 'from_scratch'") from None
+    tokenizer = _prepare_tokenizer(tokenizer)
+    _sync_generation_config(model, tokenizer)
+    return model, tokenizer
+
+
+def load_pretrained(name_or_path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A Hugging Face causal LM and its tokenizer, in float32 for training (the trainer's mixed
+    precision casts on the fly; bf16 master weights would lose small updates)."""
+    return _load(name_or_path, dtype=torch.float32)
+
+
+def save_experience_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                          path: str | Path) -> Path:
+    """Save model and tokenizer together, written beside the target and renamed into place, so a
+    crash never leaves a half-written model under the final name."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(partial, path)
+    return path
+
+
+def load_experience_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A trained experience model, on the inference device and dtype, in eval mode."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"{path} holds no saved experience model (no config.json); train "
+                                 "one first (`train_sft`) or check the path")
+    device, dtype = device_and_dtype()
+    model, tokenizer = _load(path, dtype=dtype)
+    return model.to(device).eval(), tokenizer

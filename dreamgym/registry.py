@@ -1,0 +1,80 @@
+"""Models in the MLflow registry: register a trained model folder, and find one again by reference.
+
+A model is the folder its trainer saved (weights, config, tokenizer), logged as the run's `model`
+artifact and registered as a version whose source is that artifact. (MLflow 3's
+`register_model("runs:/…")` only accepts models logged through a flavour's `log_model`; a plain
+folder is registered with `create_model_version` instead.) A reference is a local folder, a
+`models:/name/version` or `models:/name@alias` URI, or a bare registered name (its latest version).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from dreamgym.errors import DreamgymError
+
+
+class RegistryError(DreamgymError):
+    """A model reference that names nothing usable."""
+
+
+def register_model_dir(model_dir: str | Path, name: str, tags: dict[str, str] | None = None) -> str:
+    """Log `model_dir` to the active run as `model` and register it under `name`; return the version."""
+    import mlflow  # noqa: PLC0415 - slow import
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    run = mlflow.active_run()
+    if run is None:
+        raise RegistryError("register_model_dir needs an active MLflow run")
+    mlflow.log_artifacts(str(model_dir), artifact_path="model")
+    client = mlflow.MlflowClient()
+    try:
+        client.create_registered_model(name)
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = client.create_model_version(name, source=f"{run.info.artifact_uri}/model",
+                                          run_id=run.info.run_id, tags=tags or {})
+    return version.version
+
+
+def _version(client, reference: str):
+    body = reference.removeprefix("models:/")
+    if "@" in body:
+        name, alias = body.split("@", 1)
+        return client.get_model_version_by_alias(name, alias)
+    if "/" in body:
+        name, number = body.split("/", 1)
+        return client.get_model_version(name, number)
+    versions = client.search_model_versions(f"name = '{body}'", order_by=["version_number DESC"],
+                                            max_results=1)
+    if not versions:
+        raise RegistryError(f"no registered versions of {body!r}; train one first "
+                            "(dreamgym run, or flows/train_experience.py)")
+    return versions[0]
+
+
+def resolve_model(reference: str, cache_dir: str | Path) -> tuple[Path, str]:
+    """A local folder for `reference`, and a label saying which model it is."""
+    local = Path(reference)
+    if local.is_dir():
+        return local, str(local)
+    import mlflow  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    client = mlflow.MlflowClient()
+    try:
+        version = _version(client, reference)
+    except MlflowException as error:
+        raise RegistryError(f"model {reference!r} not found in the MLflow registry "
+                            f"({error.message}); give a model folder or models:/name/version") from None
+    target = Path(cache_dir) / f"{version.name}-v{version.version}"
+    if not (target / "config.json").is_file():  # downloaded whole into scratch, then moved in place
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            downloaded = mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=scratch)
+            shutil.rmtree(target, ignore_errors=True)
+            Path(downloaded).rename(target)
+    return target, f"models:/{version.name}/{version.version}"

@@ -1,0 +1,134 @@
+"""Experience-model flow: build examples → train (SFT) → evaluate against the real game → register.
+
+Takes what the ingest flow returned (validated transitions, their DVC md5, the held-out games),
+builds retrieval-augmented SFT examples from the buffer, trains the experience model with TRL,
+measures its fidelity on real transitions of held-out games, and registers it in MLflow as
+`dreamgym-experience` with its data version and configuration. One MLflow run records all of it.
+
+Re-running reuses work: examples for the same data and example settings are read back, and
+training resumes from its last checkpoint (a finished training is not repeated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import mlflow
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from dreamgym.buffer.embeddings import Encoder
+from dreamgym.buffer.migrations import open_migrated
+from dreamgym.config import ExperienceConfig, PipelineConfig, config_to_dict, flatten
+from dreamgym.data.schema import read_transitions
+from dreamgym.experience.examples import build_examples, load_examples, save_examples
+from dreamgym.experience.fidelity import collect_real, evaluate
+from dreamgym.experience.generate import open_experience_model, save_settings
+from dreamgym.experience.report import log_fidelity
+from dreamgym.experience.train import plot_losses, train_sft
+from dreamgym.registry import register_model_dir
+from dreamgym.tracking import experiment_id, git_commit
+from flows.ingest import markdown_table
+
+MODEL_NAME = "dreamgym-experience"
+
+
+def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
+    """What the examples depend on: the data and the settings that shape a prompt."""
+    shaping = {"data": data_md5, "history": config.history, "neighbours": config.neighbours,
+               "reasoning": config.reasoning, "annotator": config.annotator,
+               "annotator_model": config.annotator_model, "encoder": encoder}
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@task(name="build-examples")
+def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, config: PipelineConfig) -> str:
+    path = Path(out_dir) / f"examples-{examples_key(data_md5, config.experience, config.buffer.encoder)}.parquet"
+    if path.is_file():
+        get_run_logger().info("examples reused: %s", path)
+        return str(path)
+    rows = read_transitions(validated).to_pylist()
+    encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
+    with open_migrated(run_dir, config.buffer) as database:
+        examples = build_examples(database, encoder, rows, config.experience, config.buffer.ef_search,
+                                  progress=True)
+    save_examples(examples, path)
+    get_run_logger().info("%d examples built: %s", len(examples), path)
+    return str(path)
+
+
+@task(name="train-experience-model")
+def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed: int):
+    examples = [{"prompt": e.prompt, "completion": e.completion} for e in load_examples(examples_path)]
+    result = train_sft(examples, config, Path(out_dir), seed=seed, log_to_mlflow=True)
+    save_settings(result.model_dir, config)
+    get_run_logger().info("trained %d steps in %.0fs (%.0f tokens/s)", result.steps, result.seconds,
+                          result.tokens_per_second)
+    return result
+
+
+@task(name="collect-fidelity-transitions")
+def real_transitions_task(test_games_dir: str, out: str, config: PipelineConfig) -> str:
+    return collect_real(test_games_dir, out, config)
+
+
+@task(name="evaluate-fidelity")
+def evaluate_task(model_dir: str, real_path: str, run_dir: str, config: PipelineConfig) -> dict:
+    with open_experience_model(model_dir, run_dir, config) as experience:
+        report = evaluate(experience, read_transitions(real_path).to_pylist(), config.experience.multi_step,
+                          progress=True)
+    return log_fidelity(report)
+
+
+@flow(name="train-experience")
+def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: str = ".") -> dict:
+    project = Path(project_dir).resolve()
+    run_dir = str(project / config.paths.run_dir)
+    out_dir = project / config.paths.outputs_dir / "experience"
+    data_md5 = ingest_summary["data_md5"]
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
+    with mlflow.start_run(run_name="train-experience") as run:
+        mlflow.set_tags({"dreamgym.stage": "train-experience", "git_commit": git_commit(project),
+                         "dreamgym.data_md5": data_md5, "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
+        mlflow.log_params(flatten({"experience": config_to_dict(config)["experience"], "seed": config.seed}))
+        examples = examples_task(ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
+        model_key = Path(examples).stem.removeprefix("examples-") + f"-{_training_key(config)}"
+        trained = train_task(examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)
+        mlflow.log_artifact(str(plot_losses(trained, out_dir / "loss.png")), artifact_path="experience")
+        real = real_transitions_task(ingest_summary["test_games_dir"], str(out_dir / "fidelity_real.parquet"),
+                                     config)
+        fidelity = evaluate_task(str(trained.model_dir), real, run_dir, config)
+        version = register_model_dir(trained.model_dir, MODEL_NAME,
+                                     tags={"data_md5": data_md5, "examples": Path(examples).name})
+        summary = {"mlflow_run_id": run.info.run_id, "model": f"models:/{MODEL_NAME}/{version}",
+                "train": {k: v for k, v in asdict(trained).items() if k != "train_losses"} | {
+                    "model_dir": str(trained.model_dir)},
+                "fidelity": fidelity}
+        create_markdown_artifact(key="experience-summary", description="Experience model trained and measured",
+                                 markdown=markdown_table("Experience model", experience_rows(summary)))
+        return summary
+
+
+def _training_key(config: PipelineConfig) -> str:
+    """Training settings that make a different model (a changed one trains a new folder)."""
+    settings = {k: v for k, v in config_to_dict(config)["experience"].items()
+                if k not in ("max_new_tokens", "retries", "eval_games", "multi_step")} | {"seed": config.seed}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def experience_rows(summary: dict) -> list[tuple[str, str]]:
+    """The flow's result as (label, value) rows: for the CLI's table and the Prefect artifact."""
+    train, fidelity = summary["train"], summary["fidelity"]
+    how = "reused" if train["reused"] else f"{train['seconds'] / 60:.1f} min, {train['tokens_per_second']:.0f} tokens/s"
+    return [
+        ("experience model", f"{summary['model']} ({train['parameters'] / 1e6:.1f}M parameters)"),
+        ("training", f"{train['steps']} steps ({how})"),
+        ("fidelity on held-out games", f"{fidelity['transitions']} real transitions: next state exact "
+                                       f"{fidelity['next_state_exact_match']:.1%}, reward "
+                                       f"{fidelity['reward_accuracy']:.1%}, done {fidelity['done_accuracy']:.1%}, "
+                                       f"parse failures {fidelity['parse_failure_rate']:.1%}"),
+        ("MLflow run (experience)", summary["mlflow_run_id"]),
+    ]

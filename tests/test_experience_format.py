@@ -1,0 +1,314 @@
+"""The experience model's text format, reasoning annotators and SFT examples, on real collected
+TextWorld transitions, a real Postgres buffer, the real encoder and a real local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from dreamgym.buffer.embeddings import transition_text
+from dreamgym.buffer.store import upsert_transitions
+from dreamgym.config import ExperienceConfig
+from dreamgym.data.schema import read_transitions
+from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, describe_change,
+                                          make_annotator)
+from dreamgym.experience.examples import build_examples, history_of, worked_examples
+from dreamgym.experience.format import (FormatError, apply_delta, format_completion,
+                                        format_prompt, parse_completion, state_delta)
+from dreamgym.state import AbstractState, format_state, item_name, parse_state
+
+STATE = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
+                      ("open fridge", "take knife from table"))
+OPENED = AbstractState("kitchen", ("fridge (open)", "knife (on table)", "milk (in fridge)", "table"),
+                       (), ("close fridge", "take knife from table", "take milk from fridge"))
+GOOD = format_completion("The fridge is now open.", state_delta(STATE, OPENED), 0, False)
+
+
+@pytest.fixture(scope="module")
+def rows(offline_dataset) -> list[dict]:
+    """The dataset's transitions, sorted as examples are built: by trajectory, then step."""
+    return sorted(read_transitions(offline_dataset).to_pylist(),
+                  key=lambda row: (row["trajectory_id"], row["step"]))
+
+
+@pytest.fixture(scope="module")
+def vectors(rows, encoder) -> np.ndarray:
+    return encoder.encode([transition_text(r["instruction"], r["state"], r["action"]) for r in rows])
+
+
+@pytest.fixture
+def filled(buffer_db, offline_dataset, rows, vectors):
+    table = read_transitions(offline_dataset).sort_by([("trajectory_id", "ascending"),
+                                                       ("step", "ascending")])
+    upsert_transitions(buffer_db, table, embeddings=vectors)
+    return buffer_db
+
+
+def states(row: dict) -> tuple[AbstractState, AbstractState]:
+    return parse_state(row["state"]), parse_state(row["next_state"])
+
+
+# --- delta and completion round trip -----------------------------------------------------------
+
+def test_state_delta_writes_the_shorter_form_and_reads_back():
+    assert state_delta(STATE, STATE) == "no change"
+    assert apply_delta(STATE, "no change") == STATE
+    assert state_delta(STATE, OPENED) == (
+        "visible: -fridge (closed); +fridge (open); +milk (in fridge)\n"
+        "actions: -open fridge; +close fridge; +take milk from fridge")
+    # A tie between the diff and the replacement ("visible: +ab" / "visible = ab") goes to the diff.
+    assert state_delta(AbstractState("hall"), AbstractState("hall", ("ab",))) == "visible: +ab"
+    carrying = AbstractState("hall", (), ("a long thing", "another long thing"), ())
+    assert state_delta(carrying, AbstractState("hall")) == "inventory ="
+    assert apply_delta(carrying, "inventory =") == AbstractState("hall")
+    moved = AbstractState("garden", STATE.visible, (), STATE.actions)
+    assert state_delta(STATE, moved) == "location: garden"
+
+
+@pytest.mark.parametrize("with_reasoning", [True, False], ids=["reasoning", "no-reasoning"])
+def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_reasoning):
+    config = ExperienceConfig(neighbours=0, reasoning=with_reasoning)
+    examples = build_examples(None, None, rows, config, ef_search=100)
+    assert [e.content_hash for e in examples] == [r["content_hash"] for r in rows]
+    for example, row in zip(examples, rows):
+        state, next_state = states(row)
+        assert example.prompt.endswith(f"<state>\n{row['state']}\n</state>\n"
+                                       f"<action>{row['action']}</action>\n")
+        assert "<examples>" not in example.prompt
+        parsed = parse_completion(example.completion, state, reasoning=with_reasoning)
+        assert parsed.next_state == next_state
+        assert format_state(parsed.next_state) == row["next_state"]
+        assert (parsed.reward, parsed.done) == (row["reward"], row["terminated"])
+        assert (parsed.reasoning is not None) == with_reasoning
+    # Deltas are what make completions short: far shorter than the next state in full.
+    deltas = [len(state_delta(*states(row))) for row in rows]
+    assert np.median(deltas) < np.median([len(row["next_state"]) for row in rows]) / 2
+
+
+def test_history_is_the_previous_steps_of_the_same_trajectory(rows):
+    starts = [i for i, row in enumerate(rows) if row["step"] == 0]
+    assert history_of(rows, starts[1], 3) == []  # the previous row belongs to another trajectory
+    later = next(i for i, row in enumerate(rows) if row["step"] == 4)
+    history = history_of(rows, later, 3)
+    assert [step.action for step in history] == [rows[later - n]["action"] for n in (3, 2, 1)]
+    assert history[-1].location == parse_state(rows[later - 1]["state"]).location
+    prompt = format_prompt("cook", history, parse_state(rows[later]["state"]),
+                           rows[later]["action"], [])
+    assert f"\n{history[0].location}: {history[0].action} -> {history[0].reward:g}\n" in prompt
+
+
+@pytest.mark.parametrize("delta, problem", [
+    ("", "empty delta"),
+    ("score: +1", "unknown field 'score'"),
+    ("actions: +look\nvisible: -table", "'visible' is out of order"),
+    ("visible: -table\nvisible: +chair", "'visible' is repeated"),
+    ("visible: -milk (in fridge)", "cannot remove 'milk \\(in fridge\\)' from visible: it is not there"),
+    ("visible: +table", "cannot add 'table' to visible: it is already there"),
+    ("location: kitchen", "repeats the current location"),
+    ("location = hall", "location is written 'location: <new location>'"),
+    ("visible +chair", "malformed delta line"),
+    ("visible: chair", "must be '-item' or '\\+item'"),
+    ("visible: +chair; -table", "removals \\(-\\) must come before additions"),
+    ("visible: +zebra; +apple", "visible additions are not sorted"),
+    ("visible: -table; +table", "'table' is both removed and added"),
+    ("visible = table; fridge (closed)", "are not sorted"),
+    ("visible = fridge (closed); knife (on table); table", "repeats the current visible"),
+    ("no change\nvisible: +chair", "'no change' must be the whole delta"),
+    ("visible: +a;b", "the delta gives an invalid state"),
+])
+def test_apply_delta_names_what_is_wrong(delta, problem):
+    with pytest.raises(FormatError, match=problem):
+        apply_delta(STATE, delta)
+
+
+def _without_reasoning(text: str) -> str:
+    return text.split("</reasoning>\n", 1)[1]
+
+
+@pytest.mark.parametrize("text, reasoning, problem", [
+    (GOOD.replace("<reward>0</reward>\n", ""), True, "missing <reward> section"),
+    (_without_reasoning(GOOD), True, "missing <reasoning> section"),
+    (GOOD, False, "unexpected <reasoning> section"),
+    (GOOD.replace("<done>", "<reward>1</reward>\n<done>"), True, "duplicated <reward> section"),
+    (GOOD.replace("<reward>0</reward>\n<done>false</done>", "<done>false</done>\n<reward>0</reward>"),
+     True, "sections out of order"),
+    (GOOD.replace("</reward>", ""), True, "<reward> is not closed"),
+    (GOOD.replace("</next_state>\n<reward>0</reward>", "<reward>0</reward>\n</next_state>"), True,
+     "sections overlap"),
+    (GOOD.replace("<reward>0<", "<reward>zero<"), True, "unparsable reward 'zero'"),
+    (GOOD.replace("<reward>0<", "<reward>nan<"), True, "unparsable reward 'nan'"),
+    (GOOD.replace("<reward>0<", "<reward>1e999<"), True, "reward '1e999' is not a finite number"),
+    (GOOD.replace("<done>false<", "<done>False<"), True, "done must be exactly 'true' or 'false'"),
+    (GOOD + "\n<|endoftext|>", True, "trailing text after </done>"),
+    (GOOD.replace("\n<reward>", "\nso:\n<reward>"), True,
+     "unexpected text between </next_state> and <reward>"),
+    ("Sure!\n" + GOOD, True, "unexpected text before <reasoning>"),
+    (GOOD.replace("The fridge is now open.", " "), True, "empty <reasoning> section"),
+    (GOOD.replace("+close fridge", "+zap fridge"), True, "actions additions are not sorted"),
+    (GOOD.replace("-fridge (closed)", "-fridge"), True, "cannot remove 'fridge' from visible"),
+])
+def test_parse_completion_names_what_is_wrong(text, reasoning, problem):
+    with pytest.raises(FormatError, match=problem):
+        parse_completion(text, STATE, reasoning=reasoning)
+
+
+def test_surrounding_whitespace_is_tolerated_and_what_would_not_read_back_is_refused():
+    parsed = parse_completion(f"\n  {GOOD}\n\n", STATE, reasoning=True)
+    assert parsed.next_state == OPENED and parsed.reasoning == "The fridge is now open."
+    assert parse_completion(format_completion(None, "no change", -0.5, True), STATE, False).reward == -0.5
+    with pytest.raises(FormatError, match="section tags"):
+        format_completion("see <done>", "no change", 0, False)
+    with pytest.raises(FormatError, match="not a finite number"):
+        format_completion(None, "no change", float("inf"), False)
+
+
+# --- SFT examples with retrieval ---------------------------------------------------------------
+
+def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
+    config = ExperienceConfig()  # h=3, k=3, reasoning on: the defaults
+    examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
+    by_hash = {row["content_hash"]: row for row in rows}
+    for example in examples:
+        assert len(example.neighbour_hashes) == config.neighbours
+        assert example.trajectory_id not in example.neighbour_trajectory_ids
+        assert all(by_hash[h]["trajectory_id"] != example.trajectory_id
+                   for h in example.neighbour_hashes)
+        shown = [line.removeprefix("action: ") for line in example.prompt.split("\n")
+                 if line.startswith("action: ")]
+        assert shown == [by_hash[h]["action"] for h in example.neighbour_hashes]
+    assert all(e.prompt.count("<example>") == config.neighbours for e in examples)
+
+
+def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows):
+    trajectories = defaultdict(set)
+    for row in rows:
+        trajectories[row["task_id"], row["state"], row["action"]].add(row["trajectory_id"])
+    repeated = [row for row in rows
+                if len(trajectories[row["task_id"], row["state"], row["action"]]) > 1]
+    assert len(repeated) > 20, "the dataset should repeat steps across episodes of a game"
+    # Queries as a rollout makes them: the state as an AbstractState, not as text.
+    queries = [{**row, "state": parse_state(row["state"])} for row in repeated]
+    found = worked_examples(filled, encoder, queries, k=3, ef_search=100)
+    for row, worked in zip(repeated, found):
+        state, next_state = states(row)
+        # Another episode's identical step (TextWorld is deterministic: the same outcome too).
+        assert any(w.action == row["action"] and w.location == state.location
+                   and w.delta == state_delta(state, next_state) for w in worked), row["action"]
+    assert worked_examples(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
+
+
+# --- reasoning traces --------------------------------------------------------------------------
+
+def _trace(row: dict) -> str:
+    state, next_state = states(row)
+    return describe_change(state, row["action"], next_state, row["reward"], row["terminated"],
+                           row["won"])
+
+
+def test_traces_say_what_moved_where_the_player_went_and_why_the_score_changed(rows):
+    seen = defaultdict(int)
+    for row in rows:
+        state, next_state = states(row)
+        trace = _trace(row).lower()
+        assert 0 < len(trace) <= 400
+        held_before = {item_name(i) for i in state.inventory}
+        taken = {item_name(i) for i in state.visible} & {item_name(i) for i in next_state.inventory}
+        for name in taken - held_before:
+            assert f"{name} goes into the inventory" in trace
+            seen["taken"] += 1
+        if state.location != next_state.location:
+            assert f"from the {state.location} to the {next_state.location}" in trace
+            seen["moved"] += 1
+        if state == next_state:
+            assert "no effect" in trace
+            seen["no effect"] += 1
+        if row["reward"] > 0:
+            assert f"the score rises by {row['reward']:g}" in trace
+            seen["scored"] += 1
+        else:
+            assert "the score does not change" in trace
+        if row["terminated"]:
+            assert ("won" if row["won"] else "lost") in trace
+            seen["won" if row["won"] else "lost"] += 1
+        else:
+            assert "episode ends" not in trace
+    assert {"taken", "moved", "no effect", "scored", "won", "lost"} <= set(seen), seen
+
+
+def test_a_trace_names_what_an_opened_container_reveals_and_changed_states():
+    trace = describe_change(STATE, "open fridge", OPENED, 0, False)
+    assert trace == "Fridge is now open; now visible: milk. The score does not change."
+    sliced = AbstractState("kitchen", ("table",), ("carrot (sliced)", "knife"), ())
+    trace = describe_change(AbstractState("kitchen", ("table",), ("carrot", "knife"), ()),
+                            "slice carrot with knife", sliced, 1, True)
+    assert trace == ("Carrot is now sliced. The score rises by 1: the action advances the task. "
+                     "The episode ends.")
+
+
+# --- the OpenAI-compatible annotator against a real HTTP server ----------------------------------
+
+class _ChatHandler(BaseHTTPRequestHandler):
+    """Answers /<case>/chat/completions like an OpenAI-compatible server would for that case."""
+
+    replies = {
+        "/ok/chat/completions": (200, {"choices": [{"message": {
+            "role": "assistant", "content": "  The fridge opens,\n revealing milk. "}}]}),
+        "/empty/chat/completions": (200, {"choices": [{"message": {"role": "assistant", "content": ""}}]}),
+        "/broken/chat/completions": (500, {"error": {"message": "model crashed"}}),
+    }
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+        length = int(self.headers["Content-Length"])
+        self.server.requests.append((self.path, json.loads(self.rfile.read(length))))
+        status, reply = self.replies.get(self.path, (404, {"error": "no such route"}))
+        payload = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def chat_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_annotator_asks_the_endpoint_and_reports_failures(chat_server):
+    base = f"http://127.0.0.1:{chat_server.server_address[1]}"
+    annotator = OpenAIAnnotator(f"{base}/ok/", "strong-model", timeout=5)
+    assert annotator(STATE, "open fridge", OPENED, 0.0, False) == "The fridge opens, revealing milk."
+    path, body = chat_server.requests[-1]
+    assert path == "/ok/chat/completions" and body["model"] == "strong-model"
+    assert "Action: open fridge" in body["messages"][-1]["content"]
+    assert format_state(OPENED) in body["messages"][-1]["content"]
+
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
+    nobody = f"http://127.0.0.1:{closed.server_address[1]}"
+    closed.server_close()
+    for url, problem in ((f"{base}/broken", "HTTP 500: .*model crashed"),
+                         (f"{base}/empty", "empty answer"),
+                         (nobody, "request failed")):
+        with pytest.raises(AnnotatorError, match=problem):
+            OpenAIAnnotator(url, "strong-model", timeout=5)(STATE, "open fridge", OPENED, 0, False)
+
+
+def test_make_annotator_follows_the_config():
+    assert make_annotator(ExperienceConfig()) is describe_change
+    remote = make_annotator(ExperienceConfig(annotator="openai", annotator_url="http://h:8000/v1",
+                                             annotator_model="m"))
+    assert isinstance(remote, OpenAIAnnotator) and remote.url == "http://h:8000/v1/chat/completions"
