@@ -293,6 +293,22 @@ def experience_eval(
                   f"transitions → {json_out}")
 
 
+@experience_app.command("ablate")
+def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
+    """Train and measure the experience model without retrieval, history or reasoning (same data,
+    seed and budget); writes outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
+    config = _config(params)
+    project_dir = params.resolve().parent
+    from dreamgym.tracking import configure_services  # noqa: PLC0415
+
+    configure_services(project_dir / config.paths.run_dir)
+    from flows.ingest import ingest  # noqa: PLC0415 - imports Prefect, after its settings are set
+    from flows.train_experience import ablate_experience  # noqa: PLC0415
+
+    result = ablate_experience(config, ingest(config, str(project_dir)), str(project_dir))
+    Console(soft_wrap=True).print(result["table"])
+
+
 def main() -> None:
     try:
         app()

@@ -16,18 +16,38 @@ from pathlib import Path
 from dreamgym.errors import DreamgymError
 
 
+MODEL_KEY_TAG = "dreamgym.model_key"
+
+
 class RegistryError(DreamgymError):
     """A model reference that names nothing usable."""
 
 
-def register_model_dir(model_dir: str | Path, name: str, tags: dict[str, str] | None = None) -> str:
-    """Log `model_dir` to the active run as `model` and register it under `name`; return the version."""
+def find_version(name: str, key: str) -> str | None:
+    """The version of `name` registered for the model identified by `key`, if any."""
+    import mlflow  # noqa: PLC0415
+
+    for version in mlflow.MlflowClient().search_model_versions(f"name = '{name}'"):
+        if version.tags.get(MODEL_KEY_TAG) == key:
+            return version.version
+    return None
+
+
+def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[str, str] | None = None) -> str:
+    """Log `model_dir` to the active run as `model` and register it under `name`; return the version.
+
+    `key` identifies the model (what it was trained from and how); a model already registered
+    with that key is not registered again, so a re-run pipeline does not pile up copies.
+    """
     import mlflow  # noqa: PLC0415 - slow import
     from mlflow.exceptions import MlflowException  # noqa: PLC0415
 
     run = mlflow.active_run()
     if run is None:
         raise RegistryError("register_model_dir needs an active MLflow run")
+    existing = find_version(name, key)
+    if existing is not None:
+        return existing
     mlflow.log_artifacts(str(model_dir), artifact_path="model")
     client = mlflow.MlflowClient()
     try:
@@ -36,7 +56,7 @@ def register_model_dir(model_dir: str | Path, name: str, tags: dict[str, str] | 
         if error.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     version = client.create_model_version(name, source=f"{run.info.artifact_uri}/model",
-                                          run_id=run.info.run_id, tags=tags or {})
+                                          run_id=run.info.run_id, tags={**(tags or {}), MODEL_KEY_TAG: key})
     return version.version
 
 

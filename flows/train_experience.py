@@ -24,6 +24,7 @@ from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_to_dict, flatten
 from dreamgym.data.schema import read_transitions
+from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.examples import build_examples, load_examples, save_examples
 from dreamgym.experience.fidelity import collect_real, evaluate
 from dreamgym.experience.generate import open_experience_model, save_settings
@@ -84,26 +85,33 @@ def evaluate_task(model_dir: str, real_path: str, run_dir: str, config: Pipeline
 
 
 @flow(name="train-experience")
-def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: str = ".") -> dict:
+def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: str = ".",
+                     register_model: bool = True, run_name: str = "train-experience") -> dict:
+    """Examples → training → fidelity → registry (unless `register_model` is false: ablations)."""
     project = Path(project_dir).resolve()
     run_dir = str(project / config.paths.run_dir)
     out_dir = project / config.paths.outputs_dir / "experience"
     data_md5 = ingest_summary["data_md5"]
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
-    with mlflow.start_run(run_name="train-experience") as run:
+    with mlflow.start_run(run_name=run_name, nested=mlflow.active_run() is not None) as run:
         mlflow.set_tags({"dreamgym.stage": "train-experience", "git_commit": git_commit(project),
                          "dreamgym.data_md5": data_md5, "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
         mlflow.log_params(flatten({"experience": config_to_dict(config)["experience"], "seed": config.seed}))
         examples = examples_task(ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
         model_key = Path(examples).stem.removeprefix("examples-") + f"-{_training_key(config)}"
         trained = train_task(examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)
-        mlflow.log_artifact(str(plot_losses(trained, out_dir / "loss.png")), artifact_path="experience")
+        mlflow.log_artifact(str(plot_losses(trained, out_dir / f"model-{model_key}" / "loss.png")),
+                            artifact_path="experience")
         real = real_transitions_task(ingest_summary["test_games_dir"], str(out_dir / "fidelity_real.parquet"),
                                      config)
         fidelity = evaluate_task(str(trained.model_dir), real, run_dir, config)
-        version = register_model_dir(trained.model_dir, MODEL_NAME,
-                                     tags={"data_md5": data_md5, "examples": Path(examples).name})
-        summary = {"mlflow_run_id": run.info.run_id, "model": f"models:/{MODEL_NAME}/{version}",
+        model = str(trained.model_dir)
+        if register_model:
+            version = register_model_dir(trained.model_dir, MODEL_NAME, key=model_key,
+                                         tags={"data_md5": data_md5, "examples": Path(examples).name})
+            model = f"models:/{MODEL_NAME}/{version}"
+        mlflow.set_tag("dreamgym.model", model)
+        summary = {"mlflow_run_id": run.info.run_id, "model": model,
                 "train": {k: v for k, v in asdict(trained).items() if k != "train_losses"} | {
                     "model_dir": str(trained.model_dir)},
                 "fidelity": fidelity}
@@ -132,3 +140,28 @@ def experience_rows(summary: dict) -> list[tuple[str, str]]:
                                        f"parse failures {fidelity['parse_failure_rate']:.1%}"),
         ("MLflow run (experience)", summary["mlflow_run_id"]),
     ]
+
+
+@flow(name="ablate-experience")
+def ablate_experience(config: PipelineConfig, ingest_summary: dict, project_dir: str = ".") -> dict:
+    """The configured experience model and its ablations, trained and measured alike; one parent
+    MLflow run holds the table (Markdown, JSON) and its plot, each variant a nested run."""
+    project = Path(project_dir).resolve()
+    out_dir = project / config.paths.outputs_dir / "experience"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, str(project / config.paths.run_dir)))
+    with mlflow.start_run(run_name="ablate-experience") as run:
+        mlflow.set_tags({"dreamgym.stage": "ablate-experience", "git_commit": git_commit(project),
+                         "dreamgym.data_md5": ingest_summary["data_md5"]})
+        results = {name: train_experience(variant, ingest_summary, project_dir, register_model=name == "full",
+                                          run_name=f"experience: {name}")["fidelity"]
+                   for name, variant in variant_configs(config).items()}
+        rows = ablation_rows(results)
+        table = markdown(rows)
+        (out_dir / "ablation.md").write_text(table + "\n")
+        (out_dir / "ablation.json").write_text(json.dumps(rows, indent=2))
+        for path in (out_dir / "ablation.md", out_dir / "ablation.json", plot(rows, out_dir / "ablation.png")):
+            mlflow.log_artifact(str(path), artifact_path="ablation")
+        create_markdown_artifact(key="experience-ablation", markdown="## Experience model ablations\n\n" + table,
+                                 description="Fidelity with retrieval, history or reasoning removed")
+        return {"mlflow_run_id": run.info.run_id, "rows": rows, "table": table}

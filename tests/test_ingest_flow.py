@@ -101,3 +101,46 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
     assert run.data.metrics["validation_bad_fraction"] == 1.0
     quarantine = project / "outputs" / "validation" / "quarantine.parquet"
     assert quarantine.is_file()
+
+
+TINY_EXPERIENCE = {"experience.vocab_size": 512, "experience.hidden_size": 64, "experience.layers": 2,
+                   "experience.heads": 2, "experience.max_length": 768, "experience.epochs": 1.0,
+                   "experience.neighbours": 2, "experience.max_new_tokens": 32, "experience.retries": 0,
+                   "experience.eval_games": 1, "experience.multi_step": 2}
+
+
+def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, prefect_server, mlflow_tracking):
+    from flows.ingest import ingest
+    from flows.train_experience import MODEL_NAME, train_experience
+
+    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE})
+    ingested = ingest(config, str(project))
+    first = train_experience(config, ingested, str(project))
+
+    assert first["model"] == f"models:/{MODEL_NAME}/1" and not first["train"]["reused"]
+    fidelity = first["fidelity"]
+    assert fidelity["transitions"] > 0 and 0.0 <= fidelity["parse_failure_rate"] <= 1.0
+    assert [entry["step"] for entry in fidelity["multi_step"]] == [1, 2]
+
+    client = MlflowClient()
+    version = client.get_model_version(MODEL_NAME, "1")
+    assert version.tags["data_md5"] == ingested["data_md5"] and version.run_id == first["mlflow_run_id"]
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.data.tags["dreamgym.data_md5"] == ingested["data_md5"]
+    assert run.data.params["experience.neighbours"] == "2"
+    losses = client.get_metric_history(run.info.run_id, "train_loss")
+    assert losses and run.data.metrics["fidelity_transitions"] == fidelity["transitions"]
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "experience")}
+    assert {"experience/loss.png", "experience/fidelity_summary.json",
+            "experience/fidelity_open_loop.png"} <= artifacts
+    # The registered model is a complete model folder that loads.
+    from dreamgym.experience.model import load_experience_model
+    from dreamgym.registry import resolve_model
+
+    model_dir, label = resolve_model(MODEL_NAME, project / "models-cache")
+    assert label == f"models:/{MODEL_NAME}/1"
+    load_experience_model(model_dir)
+
+    second = train_experience(config, ingested, str(project))
+    assert second["train"]["reused"] and second["model"] == first["model"]
+    assert len(client.search_model_versions(f"name = '{MODEL_NAME}'")) == 1

@@ -1,0 +1,87 @@
+"""Generation throughput of the experience model (a measurement, not a test).
+
+    .venv/bin/python benchmarks/experience.py [--model dreamgym-experience] [--batches 1 8 32]
+        [--transitions 64] [--repeats 3] [--json benchmarks/results/experience-<date>.json]
+
+Times `ExperienceModel.predict` — one batched retrieval from the buffer, one batched `generate`
+with the KV cache, parsing, and the sampled retries of completions that do not parse — on real
+held-out transitions (outputs/experience/fidelity_real.parquet, made by the train-experience flow),
+at each batch size, and reports transitions/s and completion tokens/s (the tokens of the final
+completions; retried attempts cost time but are not counted), medians of --repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dreamgym.config import load_config
+from dreamgym.data.schema import read_transitions
+from dreamgym.experience.examples import history_of
+from dreamgym.experience.generate import Query, open_experience_model
+from dreamgym.registry import resolve_model
+from dreamgym.state import parse_state
+from dreamgym.tracking import configure_services
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="dreamgym-experience")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--transitions", type=int, default=64, help="transitions per measurement")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    config = load_config(args.params)
+    project = args.params.resolve().parent
+    run_dir = project / config.paths.run_dir
+    configure_services(run_dir)
+    model_dir, label = resolve_model(args.model, run_dir / "models")
+    rows = sorted(read_transitions(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet")
+                  .to_pylist(), key=lambda row: (row["trajectory_id"], row["step"]))
+    report = {"model": label, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "device": "cuda" if torch.cuda.is_available() else "cpu",
+                          "torch_threads": torch.get_num_threads()},
+              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "batches": {}}
+    with open_experience_model(model_dir, run_dir, config) as experience:
+        report["parameters"] = sum(p.numel() for p in experience.model.parameters())
+        queries = [Query(row["instruction"], parse_state(row["state"]), row["action"],
+                         tuple(history_of(rows, index, experience.config.history)), row["trajectory_id"])
+                   for index, row in enumerate(rows)][:args.transitions]
+        experience.predict(queries[:2])  # warm-up: first-call allocations, retrieval pool
+        for batch in args.batches:
+            rates, token_rates, parsed = [], [], []
+            for _ in range(args.repeats):
+                started, tokens, ok = time.perf_counter(), 0, 0
+                for start in range(0, len(queries), batch):
+                    for prediction in experience.predict(queries[start:start + batch]):
+                        tokens += len(experience.tokenizer(prediction.text, add_special_tokens=False)["input_ids"])
+                        ok += prediction.ok
+                seconds = time.perf_counter() - started
+                rates.append(len(queries) / seconds)
+                token_rates.append(tokens / seconds)
+                parsed.append(ok / len(queries))
+            report["batches"][str(batch)] = {"transitions_per_s": statistics.median(rates),
+                                             "completion_tokens_per_s": statistics.median(token_rates),
+                                             "parsed_fraction": statistics.median(parsed), "runs": rates}
+            print(f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s, "
+                  f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}",
+                  flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
