@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from dreamgym.config import PipelineConfig
+from dreamgym.plots import new_figure, save_figure
 
 VARIANTS = {
     "full": {},
@@ -51,14 +52,9 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> Path:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
     metrics = COLUMNS[:3]
     width = 0.8 / len(rows)
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = new_figure(7, 4)
     for offset, row in enumerate(rows):
         axis.bar([i + offset * width for i in range(len(metrics))], [row[key] for key, _ in metrics],
                  width, label=row["variant"])
@@ -67,7 +63,4 @@ def plot(rows: list[dict], path: Path) -> Path:
     axis.set(ylim=(0, 1.05), ylabel="on held-out real transitions",
              title="Experience model ablations (same data, seed and budget)")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

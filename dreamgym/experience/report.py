@@ -7,27 +7,20 @@ import tempfile
 from pathlib import Path
 
 from dreamgym.experience.fidelity import FIELDS, FidelityReport
+from dreamgym.plots import new_figure, save_figure
 
 
 def plot_open_loop(multi_step: list[dict], path: Path) -> Path:
     """Exact match and field F1 of the t-th open-loop prediction, t = 1..horizon."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
     steps = [entry["step"] for entry in multi_step]
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = new_figure(6, 4)
     axis.plot(steps, [entry["exact_match"] for entry in multi_step], marker="o", label="next-state exact match")
     for name in FIELDS:
         axis.plot(steps, [entry[f"f1_{name}"] for entry in multi_step], linestyle="--", label=f"F1 {name}")
     axis.set(xlabel="open-loop step", ylabel="score", ylim=(0, 1.02),
              title="Experience model vs the real game, replaying real actions")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def flat_metrics(summary: dict, prefix: str = "fidelity_") -> dict[str, float]:
