@@ -7,7 +7,8 @@ Times `ExperienceModel.predict` — one batched retrieval from the buffer, one b
 with the KV cache, parsing, and the sampled retries of completions that do not parse — on real
 held-out transitions (outputs/experience/fidelity_real.parquet, made by the train-experience flow),
 at each batch size, and reports transitions/s and completion tokens/s (the tokens of the final
-completions; retried attempts cost time but are not counted), medians of --repeats.
+completions; retried attempts cost time but are not counted), medians of --repeats; and, for the
+same prompts, the rate of one greedy batched `generate` alone (no retrieval, parsing or retries).
 """
 
 from __future__ import annotations
@@ -72,10 +73,20 @@ def main() -> None:
                 rates.append(len(queries) / seconds)
                 token_rates.append(tokens / seconds)
                 parsed.append(ok / len(queries))
-            report["batches"][str(batch)] = {"transitions_per_s": statistics.median(rates),
+            # The LM alone: the same prompts, one greedy batched generate, no retrieval/parse/retry.
+            prompts = experience.prompts(queries)
+            generate_rates = []
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                for start in range(0, len(prompts), batch):
+                    experience.generate(prompts[start:start + batch])
+                generate_rates.append(len(prompts) / (time.perf_counter() - started))
+            report["batches"][str(batch)] = {"generate_only_transitions_per_s": statistics.median(generate_rates),
+                                             "transitions_per_s": statistics.median(rates),
                                              "completion_tokens_per_s": statistics.median(token_rates),
                                              "parsed_fraction": statistics.median(parsed), "runs": rates}
-            print(f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s, "
+            print(f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s (generate alone "
+                  f"{statistics.median(generate_rates):6.2f}), "
                   f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}",
                   flush=True)
     if args.json:
