@@ -27,6 +27,7 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.examples import build_examples, load_examples, save_examples
 from dreamgym.experience.fidelity import collect_real, evaluate
+from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import open_experience_model, save_settings
 from dreamgym.experience.report import log_fidelity
 from dreamgym.experience.train import plot_losses, train_sft
@@ -39,8 +40,8 @@ MODEL_NAME = "dreamgym-experience"
 
 def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
-    shaping = {"data": data_md5, "history": config.history, "neighbours": config.neighbours,
-               "reasoning": config.reasoning, "annotator": config.annotator,
+    shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
+               "neighbours": config.neighbours, "reasoning": config.reasoning, "annotator": config.annotator,
                "annotator_model": config.annotator_model, "encoder": encoder}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -144,3 +144,21 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     second = train_experience(config, ingested, str(project))
     assert second["train"]["reused"] and second["model"] == first["model"]
     assert len(client.search_model_versions(f"name = '{MODEL_NAME}'")) == 1
+
+
+def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
+    import dataclasses
+
+    import flows.train_experience as flow
+    from dreamgym.config import ExperienceConfig
+
+    config = ExperienceConfig()
+    key = flow.examples_key("md5", config, "encoder")
+    assert flow.examples_key("md5", dataclasses.replace(config, epochs=9.0), "encoder") == key
+    others = [flow.examples_key("md5-other", config, "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, history=0), "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, reasoning=False), "encoder"),
+              flow.examples_key("md5", config, "another-encoder")]
+    monkeypatch.setattr(flow, "FORMAT_VERSION", flow.FORMAT_VERSION + 1)
+    others.append(flow.examples_key("md5", config, "encoder"))
+    assert len({key, *others}) == 6

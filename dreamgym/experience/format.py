@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from dreamgym.errors import DreamgymError
 from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state
 
+# Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
+# then built again instead of reused.
+FORMAT_VERSION = 1
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
 SECTIONS = ("reasoning", "next_state", "reward", "done")
