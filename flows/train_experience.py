@@ -112,10 +112,9 @@ def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: 
                                          tags={"data_md5": data_md5, "examples": Path(examples).name})
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.model", model)
+        train = {k: v for k, v in asdict(trained).items() if k != "train_losses"}
         summary = {"mlflow_run_id": run.info.run_id, "model": model,
-                "train": {k: v for k, v in asdict(trained).items() if k != "train_losses"} | {
-                    "model_dir": str(trained.model_dir)},
-                "fidelity": fidelity}
+                   "train": train | {"model_dir": str(trained.model_dir)}, "fidelity": fidelity}
         create_markdown_artifact(key="experience-summary", description="Experience model trained and measured",
                                  markdown=markdown_table("Experience model", experience_rows(summary)))
         return summary
