@@ -78,6 +78,7 @@ class ExperienceModel:
         self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
         self.database, self.encoder, self.ef_search, self.seed = database, encoder, ef_search, seed
         self.tokenizer.padding_side = "left"  # batched generation continues every prompt at its end
+        self.tokenizer.truncation_side = "left"  # the state and action sit at the prompt's end
 
     def worked(self, queries: Sequence[Query]) -> list[list[Worked]]:
         if not self.config.neighbours:
@@ -95,7 +96,6 @@ class ExperienceModel:
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry."""
         budget = self.config.max_length - self.config.max_new_tokens
-        self.tokenizer.truncation_side = "left"  # the state and action sit at the prompt's end
         inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
                                 max_length=budget).to(self.model.device)
         if sample:
