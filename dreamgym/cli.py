@@ -19,7 +19,9 @@ from rich.table import Table
 from dreamgym.config import PipelineConfig, load_config
 from dreamgym.errors import DreamgymError
 
+# Help texts are plain text: with rich markup on, their "[default: key]" notes were eaten as tags.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="DreamGym: RL for LLM agents in a learned experience model.")
 console = Console(stderr=True, soft_wrap=True)
 
@@ -150,7 +152,7 @@ def check_env_command(
     console.print(f"check_env passed on {len(tasks)} games")
 
 
-buffer_app = typer.Typer(no_args_is_help=True, help="The experience replay buffer (Postgres + "
+buffer_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The experience replay buffer (Postgres + "
                                                     "pgvector; DATABASE_URL or embedded).")
 app.add_typer(buffer_app, name="buffer")
 
@@ -243,7 +245,7 @@ def buffer_stats_command(
     Console().print(table)
 
 
-experience_app = typer.Typer(no_args_is_help=True, help="The experience model (a learned environment).")
+experience_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The experience model (a learned environment).")
 app.add_typer(experience_app, name="experience")
 
 
@@ -253,8 +255,8 @@ def experience_eval(
     json_out: Annotated[Path, typer.Option("--json", help="Where to write the fidelity report.")],
     model: Annotated[str, typer.Option(help="A model folder, models:/name/version, models:/name@alias, "
                                             "or a registered name (its latest version).")] = "dreamgym-experience",
-    eval_games: Annotated[int | None, typer.Option(help="Games to use, 0 for all (default: "
-                                                        "experience.eval_games).")] = None,
+    eval_games: Annotated[int | None, typer.Option(help="Games to use, 0 for all [default: "
+                                                        "experience.eval_games].")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Fidelity of an experience model against the real game, on real transitions it never saw."""
