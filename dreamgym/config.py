@@ -150,6 +150,10 @@ class ExperienceConfig:
     annotator_url: Annotated[str, _help("Base URL of the OpenAI-compatible server, e.g. "
                                         "http://localhost:8000/v1 (annotator: openai).")] = ""
     annotator_model: Annotated[str, _help("Model name to ask (annotator: openai).")] = ""
+    renamed_copies: Annotated[int, _help(
+        "Copies of each training example with every carried object given an invented name, so "
+        "that the model learns to copy names from the prompt instead of memorising the training "
+        "games' objects (0: none).", ge=0, le=16)] = 2
     # Model
     model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
                                 "a tokenizer and small Llama trained on the examples.", min_length=1)] = "from_scratch"
@@ -160,7 +164,7 @@ class ExperienceConfig:
     max_length: Annotated[int, _help("Longest prompt + completion in tokens; longer examples are "
                                      "left-truncated in the prompt.", ge=64)] = 1024
     # Training
-    epochs: Annotated[float, _help("Passes over the training examples.", gt=0)] = 3.0
+    epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 1.0
     batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1)] = 8
     learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 1e-3
     warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1)] = 0.05

@@ -41,7 +41,8 @@ MODEL_NAME = "dreamgym-experience"
 def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
     shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
-               "neighbours": config.neighbours, "reasoning": config.reasoning, "annotator": config.annotator,
+               "neighbours": config.neighbours, "reasoning": config.reasoning,
+               "renamed_copies": config.renamed_copies, "annotator": config.annotator,
                "annotator_model": config.annotator_model, "encoder": encoder}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -4,6 +4,7 @@ TextWorld transitions, a real Postgres buffer, the real encoder and a real local
 from __future__ import annotations
 
 import json
+import random
 import threading
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +18,7 @@ from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, describe_change,
                                           make_annotator)
+from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
 from dreamgym.experience.examples import build_examples, history_of, worked_examples
 from dreamgym.experience.format import (FormatError, apply_delta, format_completion,
                                         format_prompt, parse_completion, state_delta)
@@ -72,7 +74,7 @@ def test_state_delta_writes_the_shorter_form_and_reads_back():
 
 @pytest.mark.parametrize("with_reasoning", [True, False], ids=["reasoning", "no-reasoning"])
 def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_reasoning):
-    config = ExperienceConfig(neighbours=0, reasoning=with_reasoning)
+    config = ExperienceConfig(neighbours=0, reasoning=with_reasoning, renamed_copies=0)
     examples = build_examples(None, None, rows, config, ef_search=100)
     assert [e.content_hash for e in examples] == [r["content_hash"] for r in rows]
     for example, row in zip(examples, rows):
@@ -88,6 +90,61 @@ def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_
     # Deltas are what make completions short: far shorter than the next state in full.
     deltas = [len(state_delta(*states(row))) for row in rows]
     assert np.median(deltas) < np.median([len(row["next_state"]) for row in rows]) / 2
+
+
+def _prompt_state(prompt: str) -> AbstractState:
+    return parse_state(prompt.split("<state>\n")[1].split("\n</state>")[0])
+
+
+def test_renamed_copies_keep_the_dynamics_and_rename_every_carried_object(rows):
+    config = ExperienceConfig(neighbours=0, history=2, renamed_copies=2)
+    examples = build_examples(None, None, rows, config, ef_search=100)
+    assert [e.content_hash for e in examples if e.renaming == 0] == [r["content_hash"] for r in rows]
+    renamable = renamable_names(rows)
+    assert {"knife", "cookbook"} <= renamable and not any("(" in name for name in renamable)
+    by_hash = {row["content_hash"]: row for row in rows}
+    index = {row["content_hash"]: i for i, row in enumerate(rows)}
+    copies = [e for e in examples if e.renaming]
+    assert len(copies) > len(rows)  # nearly every step shows a carried object: two copies each
+    for copy in copies:
+        row = by_hash[copy.content_hash]
+        shown = names_in(rows[max(0, index[copy.content_hash] - 2):index[copy.content_hash] + 1],
+                         renamable)
+        assert shown, "a step that shows no carried object has no renamed copies"
+        real_state, real_next = states(row)
+        state = _prompt_state(copy.prompt)
+        parsed = parse_completion(copy.completion, state, reasoning=True)
+        # The same step: every list the same length, the same reward and ending.
+        for name in ("visible", "inventory", "actions"):
+            assert len(getattr(state, name)) == len(getattr(real_state, name))
+            assert len(getattr(parsed.next_state, name)) == len(getattr(real_next, name))
+        assert (parsed.reward, parsed.done) == (row["reward"], row["terminated"])
+        assert parsed.next_state.location == real_next.location  # rooms keep their names
+        names = {item_name(item) for item in state.visible + state.inventory}
+        real_names = {item_name(item) for item in real_state.visible + real_state.inventory}
+        assert names != real_names or not (real_names & renamable)
+    first, second = (copies[0], copies[1])
+    assert first.content_hash == second.content_hash and first.prompt != second.prompt
+    # The same copies on every build: a rebuilt dataset trains the same model.
+    assert build_examples(None, None, rows, config, ef_search=100) == examples
+
+
+def test_renaming_is_simultaneous_and_whole_word_and_states_stay_sorted():
+    renamer = Renamer({"red apple": "zu", "apple": "red apple", "knife": "a knife"})
+    assert (renamer.text("take red apple; eat apple; knifes; pineapple; frosted-knife")
+            == "take zu; eat red apple; knifes; pineapple; frosted-knife")
+    state = AbstractState("kitchen", ("apple (on table)", "red apple", "table"), ("knife",),
+                          ("eat apple", "take apple from table"))
+    renamed = parse_state(renamer.state(format_state(state)))
+    assert renamed == AbstractState("kitchen", ("red apple (on table)", "table", "zu"),
+                                    ("a knife",), ("eat red apple", "take red apple from table"))
+    names = ["red apple", "knife", "cookbook"]
+    mapping = invented_names(names, random.Random(7), ["red", "apple"])
+    assert mapping == invented_names(names, random.Random(7), ["red", "apple"])
+    assert len(set(mapping.values())) == 3 and not set(mapping.values()) & set(names)
+    made_up = [word for name in invented_names([str(n) for n in range(300)], random.Random(1), [])
+               .values() for word in name.split()]
+    assert min(len(word) for word in made_up) >= 4  # never 'on', 'in', 'to': command words
 
 
 def test_history_is_the_previous_steps_of_the_same_trajectory(rows):
@@ -170,9 +227,10 @@ def test_surrounding_whitespace_is_tolerated_and_what_would_not_read_back_is_ref
 # --- SFT examples with retrieval ---------------------------------------------------------------
 
 def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
-    config = ExperienceConfig()  # h=3, k=3, reasoning on: the defaults
+    config = ExperienceConfig()  # h=3, k=3, reasoning on, renamed copies: the defaults
     examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
     by_hash = {row["content_hash"]: row for row in rows}
+    assert any(e.renaming for e in examples)
     for example in examples:
         assert len(example.neighbour_hashes) == config.neighbours
         assert example.trajectory_id not in example.neighbour_trajectory_ids
@@ -180,7 +238,11 @@ def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, row
                    for h in example.neighbour_hashes)
         shown = [line.removeprefix("action: ") for line in example.prompt.split("\n")
                  if line.startswith("action: ")]
-        assert shown == [by_hash[h]["action"] for h in example.neighbour_hashes]
+        real = [by_hash[h]["action"] for h in example.neighbour_hashes]
+        if example.renaming:  # a renamed copy shows the same neighbours, renamed alike
+            assert [a.split()[0] for a in shown] == [r.split()[0] for r in real]
+        else:
+            assert shown == real
     assert all(e.prompt.count("<example>") == config.neighbours for e in examples)
 
 
@@ -242,11 +304,11 @@ def test_traces_say_what_moved_where_the_player_went_and_why_the_score_changed(r
 
 def test_a_trace_names_what_an_opened_container_reveals_and_changed_states():
     trace = describe_change(STATE, "open fridge", OPENED, 0, False)
-    assert trace == "Fridge is now open; now visible: milk. The score does not change."
+    assert trace == "Effects: fridge is now open; now visible: milk. The score does not change."
     sliced = AbstractState("kitchen", ("table",), ("carrot (sliced)", "knife"), ())
     trace = describe_change(AbstractState("kitchen", ("table",), ("carrot", "knife"), ()),
                             "slice carrot with knife", sliced, 1, True)
-    assert trace == ("Carrot is now sliced. The score rises by 1: the action advances the task. "
+    assert trace == ("Effects: carrot is now sliced. The score rises by 1: the action advances the task. "
                      "The episode ends.")
 
 

@@ -100,8 +100,9 @@ def _what_changed(state: AbstractState, next_state: AbstractState) -> str:
     phrases = _item_changes(_things(state), _things(next_state))
     if not phrases:
         return "Only the available actions change."
-    text = "; ".join(phrases)
-    return f"{text[0].upper()}{text[1:]}."
+    # Led by a fixed word, not by a capitalised first name: the model copies names from the
+    # prompt, where they are never capitalised.
+    return f"Effects: {'; '.join(phrases)}."
 
 
 def _score_change(reward: float) -> str:

@@ -12,8 +12,9 @@ nor the action shows, so the synthetic environment applies its own budget, as th
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,8 @@ from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings
 from dreamgym.config import ExperienceConfig
 from dreamgym.experience.annotate import Annotator, describe_change
+from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
+                                         object_names, renamable_names)
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
                                         state_delta)
 from dreamgym.state import AbstractState, format_state, parse_state
@@ -47,6 +50,7 @@ class Example:
     content_hash: str
     neighbour_hashes: tuple[str, ...] = ()          # content hashes of the worked examples
     neighbour_trajectory_ids: tuple[str, ...] = ()  # and their trajectories, in prompt order
+    renaming: int = 0  # 0: the real transition; n: its n-th copy with invented names (augment.py)
 
 
 def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
@@ -123,20 +127,45 @@ def build_examples(database: Database | None, encoder: Encoder | None, rows: Seq
                    config: ExperienceConfig, ef_search: int, annotate: Annotator = describe_change,
                    batch: int = 256, progress: bool = False) -> list[Example]:
     """One example per transition row (`dreamgym.data.schema` columns), sorted by trajectory and
-    step; retrieval runs once per `batch` rows."""
+    step, each followed by its `config.renamed_copies` renamed copies; retrieval runs once per
+    `batch` rows."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     ordered = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
+    renamable = renamable_names(ordered) if config.renamed_copies else frozenset()
+    renaming = (renamable, name_vocabulary(renamable), object_names(ordered))
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):
             chunk = ordered[start:start + batch]
             found = neighbours(database, encoder, chunk, config.neighbours, ef_search,
                                _known_vectors(database, encoder, chunk) if config.neighbours else None)
-            examples += [_example(ordered, start + offset, transitions, config, annotate)
-                         for offset, transitions in enumerate(found)]
+            for offset, transitions in enumerate(found):
+                examples.append(_example(ordered, start + offset, transitions, config, annotate))
+                examples += _renamed_copies(ordered, start + offset, transitions, config, annotate,
+                                            *renaming)
             bar.update(len(found))
     return examples
+
+
+def _renamed_copies(rows: Sequence[dict], index: int, found: list[dict], config: ExperienceConfig,
+                    annotate: Annotator, renamable: frozenset[str], vocabulary: Sequence[str],
+                    known: frozenset[str]) -> list[Example]:
+    """The example of `rows[index]` again, `config.renamed_copies` times, each time with the
+    carried objects it shows given other invented names (never the name of an object in the
+    data); none when it shows no renamable object."""
+    window = rows[max(0, index - config.history):index + 1]
+    present = names_in([*window, *found], renamable)
+    if not present:
+        return []
+    rng = random.Random(rows[index]["content_hash"])  # the same copies on every build
+    copies = []
+    for number in range(1, config.renamed_copies + 1):
+        renamer = Renamer(invented_names(present, rng, vocabulary, avoid=known))
+        example = _example([renamer.row(row) for row in window], len(window) - 1,
+                           [renamer.row(t) for t in found], config, annotate)
+        copies.append(replace(example, renaming=number))
+    return copies
 
 
 def _example(rows: Sequence[dict], index: int, found: list[dict], config: ExperienceConfig,

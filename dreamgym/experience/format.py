@@ -38,7 +38,7 @@ from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseErro
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
 # then built again instead of reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
 SECTIONS = ("reasoning", "next_state", "reward", "done")
