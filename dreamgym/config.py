@@ -144,6 +144,9 @@ class ExperienceConfig:
                                      "prompt (never from the same trajectory); 0 turns retrieval off.",
                                      ge=0, le=32)] = 3
     reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
+    synthetic_neighbours: Annotated[bool, _help(
+        "Let retrieval return synthetic transitions (written back by DreamEnv) as worked "
+        "examples; off: real ones only, as grounding.")] = False
     annotator: Annotated[Literal["state-diff", "openai"], _help(
         "Who writes reasoning traces: 'state-diff' derives them from the state change; 'openai' "
         "asks an OpenAI-compatible endpoint (annotator_url, annotator_model).")] = "state-diff"
@@ -153,7 +156,10 @@ class ExperienceConfig:
     renamed_copies: Annotated[int, _help(
         "Copies of each training example with every carried object given an invented name, so "
         "that the model learns to copy names from the prompt instead of memorising the training "
-        "games' objects (0: none).", ge=0, le=16)] = 2
+        "games' objects (0: none).", ge=0, le=16)] = 0
+    variations_per_task: Annotated[int, _help(
+        "Examples per real task of the second objective, seed task -> variant task, which the "
+        "curriculum uses to write new tasks (0: the model writes no variations).", ge=0, le=64)] = 4
     # Model
     model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
                                 "a tokenizer and small Llama trained on the examples.", min_length=1)] = "from_scratch"
@@ -164,7 +170,7 @@ class ExperienceConfig:
     max_length: Annotated[int, _help("Longest prompt + completion in tokens; longer examples are "
                                      "left-truncated in the prompt.", ge=64)] = 1024
     # Training
-    epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 1.0
+    epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 3.0
     batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1)] = 8
     learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 1e-3
     warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1)] = 0.05
@@ -174,6 +180,19 @@ class ExperienceConfig:
     max_new_tokens: Annotated[int, _help("Longest completion generated.", ge=8)] = 384
     retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
                                   "reported as a failure.", ge=0)] = 2
+    backend: Annotated[Literal["local", "http"], _help(
+        "Where completions are generated: 'local' runs the model with transformers in-process; "
+        "'http' asks an OpenAI-compatible completions endpoint (backend_url, backend_model), "
+        "e.g. `vllm serve <model_dir>` on a GPU box.")] = "local"
+    backend_url: Annotated[str, _help("Base URL of the completions server, e.g. "
+                                      "http://gpu-box:8000/v1 (backend: http).")] = ""
+    backend_model: Annotated[str, _help("The served model's name, as the server lists it "
+                                        "(backend: http).")] = ""
+    backend_timeout: Annotated[float, _help("Seconds to wait for one batch's answer (backend: http).",
+                                            gt=0)] = 60.0
+    backend_retries: Annotated[int, _help(
+        "Retries, with exponential backoff, of a request that fails to connect, times out or gets "
+        "HTTP 429/5xx (backend: http).", ge=0)] = 3
     eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0)] = 20
     multi_step: Annotated[int, _help("Open-loop steps replayed through the model per episode.", ge=0)] = 10
 
@@ -181,8 +200,30 @@ class ExperienceConfig:
         if self.annotator == "openai" and not (self.annotator_url and self.annotator_model):
             raise ValueError("annotator 'openai' needs annotator_url and annotator_model: set both, "
                              "or use annotator: state-diff")
+        if self.backend == "http" and not (self.backend_url and self.backend_model):
+            raise ValueError("backend 'http' needs backend_url (e.g. http://gpu-box:8000/v1) and "
+                             "backend_model (the served model's name): set both, or use backend: local")
         if self.hidden_size % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+
+
+@dataclass(config=_STRICT)
+class CurriculumConfig:
+    """The reward-entropy task curriculum of synthetic RL (`dreamgym/curriculum.py`)."""
+
+    enabled: Annotated[bool, _help("Pick tasks by reward uncertainty and write variations of the "
+                                   "top ones; false (the ablation): seed tasks sampled uniformly, "
+                                   "no variations.")] = True
+    selection: Annotated[Literal["entropy", "variance"], _help(
+        "Task score: 'entropy' of the task's success rate (bits) or 'variance' of its episode "
+        "returns, over its recent rollouts.")] = "entropy"
+    window: Annotated[int, _help("Recent rollouts per task that count towards its score.", ge=1)] = 32
+    tasks_per_epoch: Annotated[int, _help("Tasks drawn for each RL epoch.", ge=1)] = 16
+    variation_fraction: Annotated[float, _help(
+        "λ: share of each epoch's tasks that are new variations written by the experience model "
+        "(rejected ones are replaced by pool tasks); 0 writes none.", ge=0.0, le=1.0)] = 0.25
+    top_fraction: Annotated[float, _help("Variations are written from this top-scoring share of "
+                                         "the seed tasks (at least one).", gt=0.0, le=1.0)] = 0.5
 
 
 @dataclass(config=_STRICT)
@@ -208,6 +249,7 @@ class PipelineConfig:
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     experience: ExperienceConfig = dataclasses.field(default_factory=ExperienceConfig)
+    curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
 
 
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:

@@ -26,6 +26,7 @@ from dreamgym.config import ExperienceConfig, PipelineConfig, config_to_dict, fl
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.examples import build_examples, load_examples, save_examples
+from dreamgym.experience.variations import variation_examples
 from dreamgym.experience.fidelity import collect_real, evaluate
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import open_experience_model, save_settings
@@ -42,7 +43,8 @@ def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
     shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
                "neighbours": config.neighbours, "reasoning": config.reasoning,
-               "renamed_copies": config.renamed_copies, "annotator": config.annotator,
+               "renamed_copies": config.renamed_copies, "variations": config.variations_per_task,
+               "annotator": config.annotator,
                "annotator_model": config.annotator_model, "encoder": encoder}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -58,6 +60,7 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     with open_migrated(run_dir, config.buffer) as database:
         examples = build_examples(database, encoder, rows, config.experience, config.buffer.ef_search,
                                   progress=True)
+    examples += variation_examples(rows, config.experience.variations_per_task)
     save_examples(examples, path)
     get_run_logger().info("%d examples built: %s", len(examples), path)
     return str(path)

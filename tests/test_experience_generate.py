@@ -17,7 +17,7 @@ from dreamgym.experience.model import load_experience_model
 from dreamgym.experience.train import train_sft
 from dreamgym.state import AbstractState, parse_state
 
-TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, vocab_size=512, hidden_size=128,
+TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512, hidden_size=128,
                         layers=2, heads=4, max_length=768, epochs=80, batch_size=4,
                         learning_rate=3e-3, save_steps=10_000, max_new_tokens=160, retries=1, multi_step=3)
 

@@ -106,7 +106,7 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
 TINY_EXPERIENCE = {"experience.vocab_size": 512, "experience.hidden_size": 64, "experience.layers": 2,
                    "experience.heads": 2, "experience.max_length": 768, "experience.epochs": 1.0,
                    "experience.neighbours": 2, "experience.max_new_tokens": 32, "experience.retries": 0,
-                   "experience.eval_games": 1, "experience.multi_step": 2}
+                   "experience.eval_games": 1, "experience.multi_step": 2, "experience.renamed_copies": 1}
 
 
 def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, prefect_server, mlflow_tracking):

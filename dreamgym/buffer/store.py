@@ -19,7 +19,7 @@ before anything of their transaction is written.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +31,7 @@ from tqdm import tqdm
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import check_embeddings, lazy_embedder, transition_text
 from dreamgym.config import BufferConfig
-from dreamgym.data.schema import read_transitions
+from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.errors import DreamgymError
 
 # Staging and transitions columns, in COPY order, with their Postgres types for binary COPY.
@@ -206,5 +206,21 @@ def ingest_file(database: Database, path, config: BufferConfig, data_version: st
     return upsert_transitions(database, read_transitions(path),
                               embed=lazy_embedder(config.encoder, config.encode_batch_size),
                               data_version=data_version, batch_rows=config.upsert_batch_rows,
+                              bulk_load_fraction=config.bulk_load_fraction,
+                              index_build_memory=config.index_build_memory, progress=progress)
+
+
+def write_back(database: Database, rows: Sequence[dict], config: BufferConfig,
+               embed: Embed | None = None, progress: bool = False) -> UpsertResult:
+    """Upsert synthetic transitions (`DreamEnv.take_transitions`) through the same idempotent
+    path as real data: a transition already stored (same content hash) is skipped, so writing
+    back the same rollouts twice, or after a retried step, adds nothing."""
+    not_synthetic = sorted({row["source"] for row in rows} - {"synthetic"})
+    if not_synthetic:
+        raise ValueError(f"write_back takes synthetic transitions only, got source {not_synthetic}: "
+                         "real data goes in through `dreamgym buffer ingest`")
+    return upsert_transitions(database, to_table(rows),
+                              embed=embed or lazy_embedder(config.encoder, config.encode_batch_size),
+                              batch_rows=config.upsert_batch_rows,
                               bulk_load_fraction=config.bulk_load_fraction,
                               index_build_memory=config.index_build_memory, progress=progress)

@@ -34,6 +34,7 @@ class Task:
     env: str
     game_file: str | None = None
     initial_state: str | None = None
+    max_score: int | None = None  # where known without playing (a synthetic task's real origin)
 
 
 Info = dict[str, Any]

@@ -51,6 +51,7 @@ class Example:
     neighbour_hashes: tuple[str, ...] = ()          # content hashes of the worked examples
     neighbour_trajectory_ids: tuple[str, ...] = ()  # and their trajectories, in prompt order
     renaming: int = 0  # 0: the real transition; n: its n-th copy with invented names (augment.py)
+    objective: str = "transition"  # or "variation": seed task -> variant task (variations.py)
 
 
 def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
@@ -71,14 +72,16 @@ def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
 
 
 def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequence[dict], k: int,
-               ef_search: int, vectors: np.ndarray | None = None) -> list[list[dict]]:
+               ef_search: int, vectors: np.ndarray | None = None,
+               synthetic: bool = False) -> list[list[dict]]:
     """The k most similar distinct transitions of each query, in one search for all of them.
 
     A query has `instruction`, `state` (its text, as in a transition row, or an `AbstractState`,
     as in a rollout) and `action`, and optionally `trajectory_id`, whose transitions are then never
     returned. `vectors` are the queries' embeddings when known (else they are encoded). Repeats of
     one (state, action) from other episodes are kept once: a copy teaches the model nothing the
-    first did not, and costs prompt length. With k == 0 nothing is retrieved and neither the
+    first did not, and costs prompt length. Only real transitions are returned unless `synthetic`
+    (then DreamEnv's written-back ones too). With k == 0 nothing is retrieved and neither the
     database nor the encoder is needed.
     """
     if k == 0 or not queries:
@@ -88,7 +91,8 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     if vectors is None:
         vectors = encoder.encode([transition_text(q["instruction"], _state_text(q["state"]),
                                                   q["action"]) for q in queries])
-    filters = [Filters(exclude_trajectory_ids=(q["trajectory_id"],) if q.get("trajectory_id")
+    filters = [Filters(source=None if synthetic else "real",
+                       exclude_trajectory_ids=(q["trajectory_id"],) if q.get("trajectory_id")
                        else ()) for q in queries]
     found = search(database, vectors, k * _CANDIDATES_PER_NEIGHBOUR, filters=filters, ef_search=ef_search)
     return [_distinct([hit.transition for hit in hits], k) for hits in found]
@@ -117,10 +121,10 @@ def to_worked(transition: dict) -> Worked:
 
 
 def worked_examples(database: Database | None, encoder: Encoder | None, queries: Sequence[dict],
-                    k: int, ef_search: int) -> list[list[Worked]]:
+                    k: int, ef_search: int, synthetic: bool = False) -> list[list[Worked]]:
     """The worked examples of each query (see `neighbours`), most similar first."""
     return [[to_worked(t) for t in found]
-            for found in neighbours(database, encoder, queries, k, ef_search)]
+            for found in neighbours(database, encoder, queries, k, ef_search, synthetic=synthetic)]
 
 
 def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
@@ -139,7 +143,8 @@ def build_examples(database: Database | None, encoder: Encoder | None, rows: Seq
         for start in range(0, len(ordered), batch):
             chunk = ordered[start:start + batch]
             found = neighbours(database, encoder, chunk, config.neighbours, ef_search,
-                               _known_vectors(database, encoder, chunk) if config.neighbours else None)
+                               _known_vectors(database, encoder, chunk) if config.neighbours else None,
+                               synthetic=config.synthetic_neighbours)
             for offset, transitions in enumerate(found):
                 examples.append(_example(ordered, start + offset, transitions, config, annotate))
                 examples += _renamed_copies(ordered, start + offset, transitions, config, annotate,

@@ -22,8 +22,12 @@ has one line per changed field, in the state's field order:
 
 and a list field takes whichever of the two forms is shorter. `no change` is the delta of a step
 that changes nothing. `parse_completion` reads a completion back strictly: anything that is not
-exactly a valid completion raises `FormatError` saying what is wrong, so that the synthetic
-environment can count and retry it instead of guessing.
+a valid completion raises `FormatError` saying what is wrong, so that the synthetic environment
+can count and retry it instead of guessing. Order is presentation, not meaning: the parser reads
+lists as the sets they are, so items and field lines in another order than the writer's, or a
+line restating a field's current value, are read for what they say. Whatever changes the meaning
+or makes it doubtful is refused: a repeated item or field, removing what is not there, adding what
+is, an item both removed and added.
 """
 
 from __future__ import annotations
@@ -124,16 +128,12 @@ def apply_delta(state: AbstractState, delta: str) -> AbstractState:
     if delta == NO_CHANGE:
         return state
     values = {name: getattr(state, name) for name in FIELDS}
-    last = -1
+    seen = set()
     for line in delta.split("\n"):
         name, kind, text = _delta_line(line)
-        index = FIELDS.index(name)
-        if index == last:
+        if name in seen:
             raise FormatError(f"field '{name}' is repeated in the delta: one line per field")
-        if index < last:
-            raise FormatError(f"field '{name}' is out of order in the delta: fields go "
-                              f"{', '.join(FIELDS)}")
-        last = index
+        seen.add(name)
         if name == "location":
             values[name] = _new_location(state.location, kind, text)
         elif kind == "=":
@@ -165,26 +165,18 @@ def _delta_line(line: str) -> tuple[str, str, str]:
 def _new_location(current: str, kind: str, text: str) -> str:
     if kind != ":":
         raise FormatError("the location is written 'location: <new location>'")
-    if text == current:
-        raise FormatError(f"location line repeats the current location {current!r}: leave it "
-                          "out when the location does not change")
     return text
 
 
-def _check_listed(what: str, items: Sequence[str]) -> None:
-    """Items as the state format writes them: sorted, each once."""
-    if list(items) != sorted(items):
-        raise FormatError(f"{what} are not sorted")
+def _check_unique(what: str, items: Sequence[str]) -> None:
     if len(set(items)) != len(items):
         raise FormatError(f"{what} repeat an item")
 
 
 def _replaced(name: str, current: tuple[str, ...], text: str) -> tuple[str, ...]:
     items = tuple(text.split(ITEM_SEPARATOR)) if text else ()
-    _check_listed(f"the items of '{name} ='", items)
-    if items == current:
-        raise FormatError(f"'{name} =' repeats the current {name}: leave unchanged fields out")
-    return items
+    _check_unique(f"the items of '{name} ='", items)
+    return tuple(sorted(items))
 
 
 def _changed(name: str, current: tuple[str, ...], text: str) -> tuple[str, ...]:
@@ -194,10 +186,8 @@ def _changed(name: str, current: tuple[str, ...], text: str) -> tuple[str, ...]:
             raise FormatError(f"{name}: change {entry!r} must be '-item' or '+item'")
     removed = [entry[1:] for entry in entries if entry[0] == "-"]
     added = [entry[1:] for entry in entries if entry[0] == "+"]
-    if entries != [f"-{item}" for item in removed] + [f"+{item}" for item in added]:
-        raise FormatError(f"{name}: removals (-) must come before additions (+)")
-    _check_listed(f"{name} removals", removed)
-    _check_listed(f"{name} additions", added)
+    _check_unique(f"{name} removals", removed)
+    _check_unique(f"{name} additions", added)
     for item in removed:
         if item not in current:
             raise FormatError(f"cannot remove {item!r} from {name}: it is not there")

@@ -6,20 +6,27 @@ completions in one batched `generate` call (KV cache on, left padding), and pars
 completion that does not parse is generated again by sampling (a different draw each retry); one
 that still does not parse comes back as an explicit failure with the parser's reason — never as a
 made-up state or a zero reward.
+
+`RemoteExperienceModel` (experience.backend: http) generates on an OpenAI-compatible completions
+server instead, e.g. `vllm serve <model_dir>` on a GPU box, one request per batch; retrieval,
+prompts, parsing and retries are the same code as for the local model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import torch
 
 from dreamgym.config import ExperienceConfig, PipelineConfig
+from dreamgym.errors import DreamgymError
 from dreamgym.experience.examples import worked_examples
 from dreamgym.experience.format import (Completion, FormatError, Step, Worked, format_prompt,
                                         parse_completion)
@@ -31,6 +38,12 @@ RETRY_TEMPERATURE = 0.8
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
 TRAINED_SHAPE = ("history", "neighbours", "reasoning")
+BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
+_RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class ExperienceBackendError(DreamgymError):
+    """An experience-model server that cannot be reached or gives no usable completions."""
 
 
 def save_settings(model_dir: str | Path, config: ExperienceConfig) -> None:
@@ -75,10 +88,12 @@ class ExperienceModel:
         if config.neighbours and (database is None or encoder is None):
             raise ValueError("retrieval is on (experience.neighbours > 0): give a buffer database "
                              "and an encoder, or set experience.neighbours: 0")
-        self.model, self.tokenizer, self.config = model.eval(), tokenizer, config
+        self.model = model.eval() if model is not None else None  # None: a remote model
+        self.tokenizer, self.config = tokenizer, config
         self.database, self.encoder, self.ef_search, self.seed = database, encoder, ef_search, seed
-        self.tokenizer.padding_side = "left"  # batched generation continues every prompt at its end
-        self.tokenizer.truncation_side = "left"  # the state and action sit at the prompt's end
+        if tokenizer is not None:
+            self.tokenizer.padding_side = "left"  # batched generation continues every prompt at its end
+            self.tokenizer.truncation_side = "left"  # the state and action sit at the prompt's end
 
     def worked(self, queries: Sequence[Query]) -> list[list[Worked]]:
         if not self.config.neighbours:
@@ -86,7 +101,8 @@ class ExperienceModel:
         return worked_examples(self.database, self.encoder,
                                [{"instruction": q.instruction, "state": q.state, "action": q.action,
                                  "trajectory_id": q.trajectory_id} for q in queries],
-                               self.config.neighbours, self.ef_search)
+                               self.config.neighbours, self.ef_search,
+                               synthetic=self.config.synthetic_neighbours)
 
     def prompts(self, queries: Sequence[Query]) -> list[str]:
         return [format_prompt(q.instruction, q.history, q.state, q.action, worked)
@@ -129,19 +145,107 @@ class ExperienceModel:
         return results  # type: ignore[return-value] - every slot was filled by the first attempt
 
 
+class RemoteExperienceModel(ExperienceModel):
+    """The experience model served by an OpenAI-compatible completions endpoint (e.g. vLLM serving
+    the trained model directory); no local weights. Each `generate` is one request for the batch.
+
+    The server tokenizes and does not truncate: a prompt longer than its context is refused
+    (HTTP 400), where the local model would left-truncate it to `max_length - max_new_tokens`.
+    """
+
+    def __init__(self, config: ExperienceConfig, database=None, encoder=None, ef_search: int = 80,
+                 seed: int = 0):
+        if not (config.backend_url and config.backend_model):
+            raise ValueError("a remote experience model needs experience.backend_url and "
+                             "experience.backend_model")
+        super().__init__(None, None, config, database, encoder, ef_search, seed)
+        self.url = f"{config.backend_url.rstrip('/')}/completions"
+
+    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0) -> list[str]:
+        """Completions of `prompts` in one request: greedy, or sampled (seeded) for a retry."""
+        if not prompts:
+            return []
+        body = {"model": self.config.backend_model, "prompt": list(prompts),
+                "max_tokens": self.config.max_new_tokens,
+                "temperature": RETRY_TEMPERATURE if sample else 0, "stop": [STOP]}
+        if sample:
+            body["seed"] = self.seed + attempt
+        return self._texts(self._post(body), len(prompts))
+
+    def _post(self, body: dict) -> httpx.Response:
+        """The server's 200 answer, after retries with backoff of what may pass (connection
+        errors, timeouts, HTTP 429/5xx); `ExperienceBackendError` when there is none."""
+        retries = self.config.backend_retries
+        for retry in range(retries + 1):
+            if retry:
+                time.sleep(BACKOFF_SECONDS * 2 ** (retry - 1))
+            try:
+                response = httpx.post(self.url, json=body, timeout=self.config.backend_timeout)
+            except httpx.TimeoutException:
+                problem = (f"no answer within {self.config.backend_timeout:g}s; raise "
+                           "experience.backend_timeout or check the server's load")
+                continue
+            except httpx.HTTPError as error:
+                problem = (f"request failed ({error}); check experience.backend_url and that the "
+                           "server is up")
+                continue
+            if response.status_code == 200:
+                return response
+            problem = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status_code not in _RETRIED_STATUS:
+                raise ExperienceBackendError(
+                    f"experience backend {self.url}: {problem} (check experience.backend_model "
+                    f"{self.config.backend_model!r} and experience.backend_url)")
+        tries = f"{retries + 1} attempt{'s' if retries else ''}"
+        raise ExperienceBackendError(f"experience backend {self.url}: {problem} ({tries}; "
+                                     "experience.backend_retries)")
+
+    def _texts(self, response: httpx.Response, count: int) -> list[str]:
+        """The completion texts in prompt order, each ending with the stop string when the
+        server stopped on it (OpenAI-style servers drop it; the parser wants the closing tag)."""
+        try:
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            texts = [(choice["text"], choice.get("finish_reason"),
+                      # vLLM says which stop ended it (None: EOS); other servers only "stop"
+                      choice.get("stop_reason", STOP)) for choice in choices]
+            if not all(isinstance(text, str) for text, _, _ in texts):
+                raise TypeError("a choice's text is not a string")
+        except (ValueError, KeyError, TypeError):
+            raise ExperienceBackendError(f"experience backend {self.url}: not a completions answer: "
+                                         f"{response.text[:200]}") from None
+        if [choice["index"] for choice in choices] != list(range(count)):
+            raise ExperienceBackendError(
+                f"experience backend {self.url}: {len(choices)} choices for {count} prompts "
+                f"(indices {[choice['index'] for choice in choices][:10]}); the server must answer "
+                "one completion per prompt (no `n` or `best_of` override)")
+        return [text + STOP if finish == "stop" and reason == STOP and STOP not in text else text
+                for text, finish, reason in texts]
+
+
 @contextmanager
 def open_experience_model(model_dir: str | Path, run_dir: str | Path,
                           config: PipelineConfig) -> Iterator[ExperienceModel]:
-    """The model in `model_dir` with its buffer and encoder, ready to predict."""
+    """The model in `model_dir` with its buffer and encoder, ready to predict.
+
+    With experience.backend: http the model is the one the server serves; `model_dir` is read only
+    for the prompt shape the model was trained with (its settings file), when it is there.
+    """
     from dreamgym.buffer.embeddings import Encoder  # noqa: PLC0415 - heavy imports, needed here only
     from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
     from dreamgym.experience.model import load_experience_model  # noqa: PLC0415
 
     settings = trained_settings(model_dir, config.experience)
-    model, tokenizer = load_experience_model(model_dir)
+    weights = None if settings.backend == "http" else load_experience_model(model_dir)
+
+    def build(database, encoder) -> ExperienceModel:
+        if weights is None:
+            return RemoteExperienceModel(settings, database, encoder, config.buffer.ef_search,
+                                         config.seed)
+        return ExperienceModel(*weights, settings, database, encoder, config.buffer.ef_search,
+                               config.seed)
+
     if not settings.neighbours:
-        yield ExperienceModel(model, tokenizer, settings, seed=config.seed)
+        yield build(None, None)
         return
     with open_migrated(run_dir, config.buffer) as database:
-        yield ExperienceModel(model, tokenizer, settings, database, Encoder(config.buffer.encoder),
-                              config.buffer.ef_search, config.seed)
+        yield build(database, Encoder(config.buffer.encoder))

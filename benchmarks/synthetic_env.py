@@ -1,0 +1,159 @@
+"""Throughput of the synthetic environment next to the real one (a measurement, not a test).
+
+    .venv/bin/python benchmarks/synthetic_env.py [--model dreamgym-experience] [--batches 1 8 32 64]
+        [--steps 4] [--repeats 3] [--json benchmarks/results/synthetic_env-<date>.json]
+        [--log benchmarks/results/synthetic_rollout-<date>.md]
+
+For each batch size B: B DreamEnvs on seed tasks (real initial states of the training data), each
+step of all B taken with one `step_together` call (one batched generation), `--steps` steps per
+episode with seeded random available actions. Reports synthetic transitions/s (steps the model
+predicted, failures included, per second of wall time), median of --repeats, and the parse-failure
+rate. In the same run, real TextWorld steps/s on the training games with the same kind of policy.
+
+`--log` writes a short rollout for reading: a real successful episode of a held-out game
+(outputs/experience/fidelity_real.parquet, made by the train-experience flow) replayed in DreamEnv
+from its real initial state, each step's predicted change, reward and reasoning next to
+what the real game did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dreamgym.config import load_config
+from dreamgym.data.games import list_games
+from dreamgym.data.schema import read_transitions
+from dreamgym.envs.dream_env import DreamEnv, step_together
+from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.experience.format import state_delta
+from dreamgym.experience.generate import open_experience_model
+from dreamgym.experience.variations import seed_tasks
+from dreamgym.registry import resolve_model
+from dreamgym.state import parse_state
+from dreamgym.tracking import configure_services
+
+
+def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    envs = [DreamEnv(experience, max_steps=steps, slot=slot, record=False) for slot in range(batch)]
+    observations = [env.reset(tasks[(seed + slot) % len(tasks)])[0] for slot, env in enumerate(envs)]
+    started = time.perf_counter()
+    for _ in range(steps):
+        actions = [rng.choice(parse_state(o).actions) for o in observations]
+        observations = [result[0] for result in step_together(envs, actions)]
+    seconds = time.perf_counter() - started
+    predicted = sum(env.model_steps for env in envs)
+    return {"transitions": predicted, "seconds": seconds, "per_s": predicted / seconds,
+            "failures": sum(env.failures for env in envs)}
+
+
+def real_rate(games, steps: int, seed: int, max_steps: int) -> float:
+    rng, env, done, started = random.Random(seed), TextWorldEnv(max_steps=max_steps), 0, time.perf_counter()
+    try:
+        for game in games:
+            observation, _ = env.reset(load_task(game))
+            for _ in range(steps):
+                observation, _, terminated, truncated, _ = env.step(rng.choice(parse_state(observation).actions))
+                done += 1
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    return done / (time.perf_counter() - started)
+
+
+def rollout_log(experience, rows, max_steps: int) -> str:
+    """A real won episode replayed in DreamEnv, as Markdown."""
+    won = sorted({row["trajectory_id"] for row in rows if row["won"]})
+    episode = sorted((row for row in rows if row["trajectory_id"] == won[0]), key=lambda row: row["step"])
+    task = next(t for t in seed_tasks(rows) if t.task_id == episode[0]["task_id"])
+    env = DreamEnv(experience, max_steps=max_steps, record=False)
+    observation, _ = env.reset(task)
+    lines = [f"# Synthetic rollout: {task.task_id}", "", f"Task: {task.instruction}", "",
+             "Initial state (real):", "", "```", observation, "```", ""]
+    state = parse_state(observation)
+    for row in episode:
+        observation, reward, terminated, truncated, info = env.step(row["action"])
+        predicted, real_next = parse_state(observation), parse_state(row["next_state"])
+        reasoning = info["reasoning"] or f"(no parse: {info['model_failure']})"
+        lines += [f"## step {row['step']}: `{row['action']}`", "",
+                  f"- reasoning: {reasoning}",
+                  "- predicted change: `" + state_delta(state, predicted).replace("\n", " / ") + "`",
+                  "- real change: `" + state_delta(parse_state(row["state"]), real_next)
+                  .replace("\n", " / ") + "`",
+                  f"- reward {reward:g} (real {row['reward']:g}), done {terminated} (real "
+                  f"{row['terminated']}), next state "
+                  f"{'matches' if predicted == real_next else 'DIFFERS from'} the real one", ""]
+        state = predicted
+        if terminated or truncated:
+            break
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="dreamgym-experience")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--steps", type=int, default=4, help="steps per episode per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--real-games", type=int, default=8)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--log", type=Path)
+    args = parser.parse_args()
+
+    config = load_config(args.params)
+    project = args.params.resolve().parent
+    run_dir = project / config.paths.run_dir
+    configure_services(run_dir)
+    model_dir, label = resolve_model(args.model, run_dir / "models")
+    rows = read_transitions(project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
+    tasks = seed_tasks(rows)
+    report = {"model": label, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "device": "cuda" if torch.cuda.is_available() else "cpu",
+                          "torch_threads": torch.get_num_threads()},
+              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "synthetic": {}}
+    with open_experience_model(model_dir, run_dir, config) as experience:
+        synthetic_rate(experience, tasks, 2, 1, seed=99)  # warm-up: first generate call, encoder, pool
+        for batch in args.batches:
+            runs = [synthetic_rate(experience, tasks, batch, args.steps, seed) for seed in range(args.repeats)]
+            report["synthetic"][batch] = {
+                "transitions_per_s": statistics.median(run["per_s"] for run in runs),
+                "failure_rate": sum(r["failures"] for r in runs) / max(1, sum(r["transitions"] for r in runs)),
+                "runs": runs}
+            print(f"batch {batch:3d}: {report['synthetic'][batch]['transitions_per_s']:.2f} synthetic "
+                  f"transitions/s, failures {report['synthetic'][batch]['failure_rate']:.1%}", flush=True)
+        if args.log:
+            args.log.parent.mkdir(parents=True, exist_ok=True)
+            held_out = read_transitions(project / config.paths.outputs_dir / "experience"
+                                        / "fidelity_real.parquet").to_pylist()
+            args.log.write_text(rollout_log(experience, held_out, config.env.max_steps) + "\n")
+    games = list_games(project / config.paths.data_dir / "games" / "train")[:args.real_games]
+    real_rate(games[:1], 2, 0, config.env.max_steps)  # warm-up: TextWorld import
+    real = [real_rate(games, args.steps * 4, seed, config.env.max_steps) for seed in range(args.repeats)]
+    report["real_steps_per_s"] = statistics.median(real)
+    report["real_runs"] = real
+    rates = {b: report["synthetic"][b]["transitions_per_s"] for b in args.batches}
+    if 1 in rates:
+        report["speedup_over_batch_1"] = {b: rate / rates[1] for b, rate in rates.items()}
+    print(f"real TextWorld: {report['real_steps_per_s']:.1f} steps/s")
+    print(json.dumps({k: v for k, v in report.items() if k not in ("synthetic", "real_runs")}, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

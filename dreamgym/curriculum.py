@@ -1,0 +1,356 @@
+"""The reward-entropy curriculum: which tasks the policy practises in each synthetic RL epoch.
+
+GRPO learns nothing from a group of rollouts that all succeed or all fail: every advantage is
+zero. So the curriculum keeps, per task, the outcomes of its last `window` rollouts and scores
+the task by how uncertain they are:
+
+- `entropy` (default): the binary entropy, in bits, of the task's success rate (1 at 50%);
+- `variance`: the population variance of the episode returns (the paper's task value).
+
+A task that was always solved or always failed scores 0; a task never tried scores the most
+(1, or with `variance` the largest score of any tried task) so that it is tried first.
+
+Each epoch `draw` returns `tasks_per_epoch` tasks. A share `variation_fraction` (the paper's cap
+λ on synthetic tasks per iteration) are new *variations*, written by the experience model's
+backbone from the top-scoring `top_fraction` of the seed tasks and checked by `check_variation`
+(parseable state, available actions, no duplicate, no new action types); rejected ones are
+logged with the reason and counted, accepted ones join the pool for good. The other slots go to
+pool tasks sampled without replacement with probability proportional to their score, tasks
+scoring 0 left out while any task scores above 0. With the curriculum off (the ablation) the
+seed tasks are sampled uniformly and no variations are written.
+
+A draw depends only on (seed, epoch, the recorded statistics) and what `write_variations`
+returns, and `state_dict` is JSON, so a killed RL run resumes with the same pool and draws.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import itertools
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from dreamgym.config import CurriculumConfig
+from dreamgym.envs.base import Task
+from dreamgym.state import StateParseError, parse_state
+
+logger = logging.getLogger("dreamgym.curriculum")
+
+STATE_VERSION = 1
+
+WriteVariations = Callable[[Sequence[Task], int], list[Task]]
+
+
+# ---------------------------------------------------------------- scores (pure functions)
+
+
+def binary_entropy(p: float) -> float:
+    """Entropy in bits of a success with probability `p`: 0 when the outcome is certain, 1 at 0.5."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"a success rate must lie in [0, 1], got {p}")
+    if p in (0.0, 1.0):
+        return 0.0
+    return -(p * math.log2(p) + (1.0 - p) * math.log2(1.0 - p))
+
+
+def reward_variance(returns: Sequence[float]) -> float:
+    """Population variance of episode returns: how much a group's advantages can differ."""
+    if not returns:
+        raise ValueError("the variance of no returns is undefined: record at least one rollout")
+    mean = math.fsum(returns) / len(returns)
+    return math.fsum((value - mean) ** 2 for value in returns) / len(returns)
+
+
+def task_score(returns: Sequence[float], successes: Sequence[bool], selection: str) -> float:
+    """How much a task's recent rollouts disagree; 0 when all succeeded or all failed.
+
+    The all-same rule holds for `variance` too: with outcome rewards such a group gives GRPO
+    no learning signal, whatever the intermediate points.
+    """
+    if len(returns) != len(successes):
+        raise ValueError(f"{len(returns)} returns but {len(successes)} successes: give one of each "
+                         "per rollout")
+    if not returns:
+        raise ValueError("a task without rollouts has no score (the curriculum tries it first)")
+    if all(successes) or not any(successes):
+        return 0.0
+    if selection == "entropy":
+        return binary_entropy(sum(map(bool, successes)) / len(successes))
+    if selection == "variance":
+        return reward_variance(returns)
+    raise ValueError(f"unknown selection {selection!r}: use 'entropy' or 'variance'")
+
+
+# ---------------------------------------------------------------- variations (pure functions)
+
+
+def action_verb(action: str) -> str:
+    """The action type of an available action: its first word ('take knife from table' -> 'take')."""
+    return action.split(" ", 1)[0]
+
+
+def state_verbs(states: Iterable[str | None]) -> set[str]:
+    """The action types available in any of `states` (texts that do not parse are skipped)."""
+    verbs: set[str] = set()
+    for text in states:
+        if not text:
+            continue
+        try:
+            verbs.update(action_verb(action) for action in parse_state(text).actions)
+        except StateParseError:
+            continue
+    return verbs
+
+
+def variation_id(seed: Task, instruction: str, initial_state: str) -> str:
+    """A variation's id: its seed's id and a short hash of what it asks, stable across runs."""
+    digest = hashlib.sha256(f"{instruction}\n{initial_state}".encode()).hexdigest()[:10]
+    return f"{seed.task_id}~{digest}"
+
+
+def check_variation(candidate: Task, seed: Task, known: set[tuple[str, str]],
+                    known_verbs: set[str]) -> str | None:
+    """Why `candidate` (a variation of `seed`) cannot be used, or None when it can.
+
+    `known` holds the (instruction, initial_state) of every task already in the pool; a
+    variation must not add action types (`known_verbs`), since neither the experience model nor
+    the policy has seen their effects.
+    """
+    where = f"variation of {seed.task_id}"
+    if not candidate.instruction or not candidate.instruction.strip():
+        return f"{where}: the instruction is empty"
+    if not candidate.initial_state:
+        return f"{where}: the initial_state is missing"
+    try:
+        state = parse_state(candidate.initial_state)
+    except StateParseError as error:
+        return f"{where}: the initial_state does not parse: {error}"
+    if not state.actions:
+        return f"{where}: the initial_state has no available actions"
+    if (candidate.instruction, candidate.initial_state) in known | {(seed.instruction, seed.initial_state)}:
+        return f"{where}: duplicates a known task (same instruction and initial state)"
+    unknown = sorted({action_verb(action) for action in state.actions} - known_verbs)
+    if unknown:
+        return (f"{where}: changes the action types: unknown verbs {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(sorted(known_verbs)) or 'none'})")
+    return None
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def weighted_sample(rng: random.Random, items: Sequence[Any], weights: Sequence[float], k: int) -> list[Any]:
+    """`k` items drawn with probability proportional to weight; without replacement while
+    `items` suffice, with replacement when fewer than `k`."""
+    if k <= 0 or not items:
+        return []
+    if k > len(items):
+        return rng.choices(list(items), weights=list(weights), k=k)
+    items, weights, chosen = list(items), list(weights), []
+    for _ in range(k):
+        cumulative = list(itertools.accumulate(weights))
+        index = min(bisect.bisect_right(cumulative, rng.random() * cumulative[-1]), len(items) - 1)
+        chosen.append(items.pop(index))
+        weights.pop(index)
+    return chosen
+
+
+# ---------------------------------------------------------------- the curriculum
+
+
+class Curriculum:
+    """Per-task reward statistics, the task pool (seeds and accepted variations) and the draw.
+
+    `write_variations(top_seeds, count)` returns candidate tasks; each one's `task_id` names the
+    seed it varies (the seed's own id, or `<seed id>~<anything>`), e.g. `dataclasses.replace(seed,
+    instruction=..., initial_state=...)`. Accepted ones get a `variation_id` and the seed's env
+    and max_score. `known_verbs` defaults to the action types of the seeds' initial states.
+    """
+
+    def __init__(self, seeds: Sequence[Task], config: CurriculumConfig, seed: int = 0,
+                 write_variations: WriteVariations | None = None,
+                 known_verbs: Iterable[str] | None = None) -> None:
+        if not seeds:
+            raise ValueError("the curriculum needs at least one seed task")
+        ids = [task.task_id for task in seeds]
+        repeated = sorted({task_id for task_id in ids if ids.count(task_id) > 1})
+        if repeated:
+            raise ValueError(f"seed task ids must be unique; repeated: {', '.join(repeated)}")
+        self.seeds = list(seeds)
+        self.config = config
+        self.seed = seed
+        self.write_variations = write_variations
+        self.known_verbs = set(known_verbs) if known_verbs is not None else state_verbs(
+            task.initial_state for task in seeds)
+        if (config.enabled and write_variations is not None and self._variations_requested() > 0
+                and not self.known_verbs):
+            raise ValueError("no action types to check variations against: the seed tasks carry no "
+                             "parseable initial_state; pass known_verbs")
+        self.pool: dict[str, Task] = {task.task_id: task for task in seeds}
+        self._stats: dict[str, deque[tuple[float, bool]]] = {
+            task_id: deque(maxlen=config.window) for task_id in self.pool}
+        self.accepted = 0
+        self.rejected = 0
+        self.last_scores: list[float] = []
+
+    # ------------------------------------------------------------ statistics
+
+    def record(self, task_id: str, returns: Sequence[float], successes: Sequence[bool]) -> None:
+        """Add one group of rollouts of a task; only the last `window` rollouts count."""
+        if task_id not in self._stats:
+            raise ValueError(f"unknown task id {task_id!r}: record only tasks the curriculum drew "
+                             f"({len(self.pool)} in its pool)")
+        if len(returns) != len(successes):
+            raise ValueError(f"task {task_id}: {len(returns)} returns but {len(successes)} "
+                             "successes; give one of each per rollout")
+        for value, success in zip(returns, successes):
+            if not math.isfinite(value):
+                raise ValueError(f"task {task_id}: return {value} is not a finite number")
+            self._stats[task_id].append((float(value), bool(success)))
+
+    def _tried_scores(self) -> dict[str, float]:
+        return {task_id: task_score([r for r, _ in stats], [s for _, s in stats], self.config.selection)
+                for task_id, stats in self._stats.items() if stats}
+
+    def _scores(self) -> dict[str, float]:
+        tried = self._tried_scores()
+        unseen = max(tried.values(), default=0.0) if self.config.selection == "variance" else 1.0
+        unseen = unseen if unseen > 0 else 1.0
+        return {task_id: tried.get(task_id, unseen) for task_id in self.pool}
+
+    def score(self, task_id: str) -> float:
+        """The task's score; a task never tried scores the most, so it is tried first."""
+        if task_id not in self.pool:
+            raise ValueError(f"unknown task id {task_id!r}")
+        return self._scores()[task_id]
+
+    # ------------------------------------------------------------ drawing
+
+    def _variations_requested(self) -> int:
+        return round(self.config.variation_fraction * self.config.tasks_per_epoch)
+
+    def draw(self, epoch: int) -> list[Task]:
+        """This epoch's tasks: new variations of top seeds, then pool tasks by score, shuffled."""
+        rng = random.Random(f"{self.seed}:{epoch}")
+        count = self.config.tasks_per_epoch
+        if not self.config.enabled:
+            drawn = (rng.sample(self.seeds, count) if count <= len(self.seeds)
+                     else rng.choices(self.seeds, k=count))
+            scores = self._scores()
+            self.last_scores = [scores[task.task_id] for task in drawn]
+            return drawn
+        scores = self._scores()
+        new = self._new_variations(rng, scores)
+        scores = self._scores()
+        new_ids = {task.task_id for task in new}
+        rest = [task_id for task_id in self.pool if task_id not in new_ids]
+        eligible = [task_id for task_id in rest if scores[task_id] > 0] or rest
+        weights = [scores[task_id] if scores[task_id] > 0 else 1.0 for task_id in eligible]
+        drawn = new + [self.pool[task_id] for task_id in
+                       weighted_sample(rng, eligible, weights, count - len(new))]
+        rng.shuffle(drawn)
+        self.last_scores = [scores[task.task_id] for task in drawn]
+        return drawn
+
+    def _top_seeds(self, rng: random.Random, scores: dict[str, float]) -> list[Task]:
+        """The top `top_fraction` of seeds by score (at least one); ties broken at random."""
+        keys = {task.task_id: (-scores[task.task_id], rng.random()) for task in self.seeds}
+        ranked = sorted(self.seeds, key=lambda task: keys[task.task_id])
+        return ranked[:max(1, math.ceil(self.config.top_fraction * len(self.seeds) - 1e-9))]
+
+    def _new_variations(self, rng: random.Random, scores: dict[str, float]) -> list[Task]:
+        """Ask for variations of the top seeds; keep those `check_variation` accepts."""
+        wanted = self._variations_requested()
+        if wanted <= 0 or self.write_variations is None:
+            return []
+        top = self._top_seeds(rng, scores)
+        offered = {task.task_id: task for task in top}
+        candidates = list(self.write_variations(top, wanted))[:wanted]
+        known = {(task.instruction, task.initial_state or "") for task in self.pool.values()}
+        accepted: list[Task] = []
+        for candidate in candidates:
+            origin = offered.get(candidate.task_id) or offered.get(candidate.task_id.rsplit("~", 1)[0])
+            if origin is None:
+                reason = (f"candidate {candidate.task_id!r} names none of the offered seeds "
+                          f"({', '.join(offered)}): its task_id must be its seed's")
+            else:
+                reason = check_variation(candidate, origin, known, self.known_verbs)
+            if reason is not None:
+                logger.warning("curriculum rejected a variation: %s", reason)
+                self.rejected += 1
+                continue
+            assert origin is not None and candidate.initial_state is not None
+            task = Task(task_id=variation_id(origin, candidate.instruction, candidate.initial_state),
+                        instruction=candidate.instruction, env=origin.env,
+                        initial_state=candidate.initial_state, max_score=origin.max_score)
+            self._add(task)
+            known.add((task.instruction, task.initial_state or ""))
+            accepted.append(task)
+            self.accepted += 1
+        return accepted
+
+    def _add(self, task: Task) -> None:
+        if task.task_id in self.pool:
+            raise ValueError(f"task id {task.task_id!r} is already in the pool")
+        self.pool[task.task_id] = task
+        self._stats[task.task_id] = deque(maxlen=self.config.window)
+
+    # ------------------------------------------------------------ reporting and resuming
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers to log per epoch (MLflow metrics)."""
+        tried = [[s for _, s in stats] for stats in self._stats.values() if stats]
+        entropies = [binary_entropy(sum(successes) / len(successes)) for successes in tried]
+        return {
+            "curriculum_entropy": sum(entropies) / len(entropies) if entropies else 0.0,
+            "curriculum_score_mean": (sum(self.last_scores) / len(self.last_scores)
+                                      if self.last_scores else 0.0),
+            "curriculum_tasks": float(len(self.pool)),
+            "curriculum_tried": float(len(tried)),
+            "variations_accepted": float(self.accepted),
+            "variations_rejected": float(self.rejected),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, as JSON-serialisable values (variations as Task fields)."""
+        seed_ids = {task.task_id for task in self.seeds}
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "variations": [dataclasses.asdict(task) for task_id, task in self.pool.items()
+                           if task_id not in seed_ids],
+            "stats": {task_id: [[value, success] for value, success in stats]
+                      for task_id, stats in self._stats.items() if stats},
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "last_scores": list(self.last_scores),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], seeds: Sequence[Task], config: CurriculumConfig,
+                        write_variations: WriteVariations | None = None,
+                        known_verbs: Iterable[str] | None = None) -> Curriculum:
+        """A curriculum as it was when `state_dict` was taken, over the same seed tasks."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"curriculum state version {state.get('version')!r} is not "
+                             f"{STATE_VERSION}: it was written by another dreamgym version")
+        curriculum = cls(seeds, config, seed=int(state["seed"]), write_variations=write_variations,
+                         known_verbs=known_verbs)
+        for fields in state["variations"]:
+            curriculum._add(Task(**fields))
+        missing = sorted(set(state["stats"]) - set(curriculum.pool))
+        if missing:
+            raise ValueError(f"the saved statistics name tasks that are not among the seeds: "
+                             f"{', '.join(missing[:5])}; resume with the seed tasks of that run")
+        for task_id, pairs in state["stats"].items():
+            curriculum._stats[task_id].extend((float(value), bool(success)) for value, success in pairs)
+        curriculum.accepted = int(state["accepted"])
+        curriculum.rejected = int(state["rejected"])
+        curriculum.last_scores = [float(score) for score in state["last_scores"]]
+        return curriculum

@@ -1,0 +1,135 @@
+"""Task variations written by the experience model's backbone: the curriculum's new tasks.
+
+A second SFT objective, trained with the transitions on the same model: from a seed task (its
+instruction and initial state) write a variant task, another instruction and initial state with
+the same kinds of actions but other objects, goals or layout. The targets are real: other tasks'
+real initial states (another recipe, other rooms), and the seed itself with every carried object
+renamed (the same layout with new objects, `augment.py`). The prompt and completion:
+
+    <seed_task>...</seed_task>
+    <seed_state>
+    location: ...
+    </seed_state>
+    <variant>
+  completion:
+    <task>...</task>
+    <state>
+    location: ...
+    </state>
+
+`write_variations` samples variants for seed tasks; what comes back is checked by the
+curriculum (`curriculum.check_variation`) before any is used, so a completion that is not a task
+comes back as a Task whose state says so, and is rejected there with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from dreamgym.curriculum import variation_id
+from dreamgym.envs.base import Task
+from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
+                                         object_names, renamable_names)
+from dreamgym.experience.examples import Example
+
+VARIANT_STOP = "</state>"
+SAMPLING_TEMPERATURE = 1.0
+_VARIANT = re.compile(r"\s*<task>(.*?)</task>\s*<state>\n(.*?)\n</state>\s*", re.DOTALL)
+_TASK = re.compile(r"<task>(.*?)</task>", re.DOTALL)
+
+
+def variation_prompt(instruction: str, state: str) -> str:
+    return f"<seed_task>{instruction}</seed_task>\n<seed_state>\n{state}\n</seed_state>\n<variant>\n"
+
+
+def variation_completion(instruction: str, state: str) -> str:
+    return f"<task>{instruction}</task>\n<state>\n{state}\n{VARIANT_STOP}"
+
+
+def parse_variation(text: str) -> tuple[str, str] | None:
+    """(instruction, state text) of a completion, or None when it is not shaped as one."""
+    match = _VARIANT.fullmatch(text)
+    return (match[1].strip(), match[2]) if match else None
+
+
+def seed_rows(rows: Sequence[Mapping]) -> list[Mapping]:
+    """One first step per task: the real initial state every variation starts from."""
+    firsts: dict[str, Mapping] = {}
+    for row in sorted(rows, key=lambda row: (row["task_id"], row["trajectory_id"], row["step"])):
+        if row["step"] == 0:
+            firsts.setdefault(row["task_id"], row)
+    return list(firsts.values())
+
+
+def variation_examples(rows: Sequence[Mapping], per_task: int) -> list[Example]:
+    """`per_task` examples per task: half other tasks' initial states, half the task renamed."""
+    seeds = seed_rows(rows)
+    if per_task == 0 or len(seeds) < 2:
+        return []
+    renamable = renamable_names(rows)
+    vocabulary, known = name_vocabulary(renamable), object_names(rows)
+    examples = []
+    for seed in seeds:
+        rng = random.Random(f"variation:{seed['task_id']}")
+        others = [row for row in seeds if row["task_id"] != seed["task_id"]]
+        targets = rng.sample(others, min(len(others), (per_task + 1) // 2))
+        present = names_in([seed], renamable)
+        for _ in range(per_task - len(targets) if present else 0):
+            renamer = Renamer(invented_names(present, rng, vocabulary, avoid=known))
+            targets.append(renamer.row(seed))
+        prompt = variation_prompt(seed["instruction"], seed["state"])
+        examples += [Example(prompt=prompt,
+                             completion=variation_completion(target["instruction"], target["state"]),
+                             trajectory_id=seed["trajectory_id"], task_id=seed["task_id"], step=0,
+                             content_hash=seed["content_hash"], objective="variation")
+                     for target in targets]
+    return examples
+
+
+def seed_tasks(rows: Sequence[Mapping]) -> list[Task]:
+    """The tasks of `rows` as DreamEnv tasks: instruction, real initial state and max score."""
+    return [Task(task_id=row["task_id"], instruction=row["instruction"], env=row["env"],
+                 initial_state=row["state"], max_score=int(row["max_score"]))
+            for row in seed_rows(rows)]
+
+
+def variant_task(seed: Task, instruction: str, state: str) -> Task:
+    return Task(task_id=variation_id(seed, instruction, state), instruction=instruction,
+                env=seed.env, initial_state=state, max_score=seed.max_score)
+
+
+@torch.inference_mode()
+def write_variations(model, tokenizer, seeds: Sequence[Task], count: int, seed: int = 0,
+                     max_new_tokens: int = 512) -> list[Task]:
+    """`count` sampled variants of `seeds` (taken in turn), in one batched generation.
+
+    A completion that is not shaped as a task comes back with what it has (its instruction, or an
+    empty one) and a state that says how it ends, for the curriculum's check to reject with the
+    reason.
+    """
+    if count <= 0 or not seeds:
+        return []
+    chosen = [seeds[i % len(seeds)] for i in range(count)]
+    prompts = [variation_prompt(task.instruction, task.initial_state or "") for task in chosen]
+    tokenizer.padding_side = "left"
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
+    torch.manual_seed(seed)
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True,
+                            temperature=SAMPLING_TEMPERATURE, top_p=None, top_k=None,
+                            use_cache=True, stop_strings=[VARIANT_STOP], tokenizer=tokenizer,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    variants = []
+    for task, text in zip(chosen, texts):
+        text = text[:text.index(VARIANT_STOP) + len(VARIANT_STOP)] if VARIANT_STOP in text else text
+        parsed = parse_variation(text)
+        if parsed is None:  # keep what there is: the check names the part that is missing
+            instruction = _TASK.search(text)
+            parsed = (instruction[1].strip() if instruction else "",
+                      f"unfinished variant: {text[-80:]!r}")
+        variants.append(variant_task(task, *parsed))
+    return variants

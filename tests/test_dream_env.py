@@ -1,0 +1,217 @@
+"""DreamEnv: a real (tiny, from-scratch) experience model trained on real TextWorld transitions,
+stepped as an environment under the same contract as the real one, and its write-back into a
+real Postgres buffer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dreamgym.buffer.retrieval import Filters, search
+from dreamgym.buffer.store import upsert_transitions, write_back
+from dreamgym.config import BufferConfig, ExperienceConfig
+from dreamgym.data.schema import read_transitions, to_table
+from dreamgym.envs.base import EnvError
+from dreamgym.envs.checker import check_env
+from dreamgym.envs.dream_env import DreamEnv, step_together
+from dreamgym.experience.examples import build_examples, neighbours
+from dreamgym.experience.format import Step
+from dreamgym.experience.generate import ExperienceModel, Query
+from dreamgym.experience.model import init_model, load_experience_model
+from dreamgym.experience.train import train_sft
+from dreamgym.curriculum import check_variation
+from dreamgym.experience.variations import (parse_variation, seed_rows, seed_tasks,
+                                            variation_examples, variation_prompt, write_variations)
+from dreamgym.state import format_state, parse_state
+
+TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512,
+                        hidden_size=128, layers=2, heads=4, max_length=768, epochs=80, batch_size=4,
+                        learning_rate=3e-3, save_steps=10_000, max_new_tokens=256, retries=1)
+
+
+@pytest.fixture(scope="module")
+def rows(offline_dataset) -> list[dict]:
+    return sorted(read_transitions(offline_dataset).to_pylist(),
+                  key=lambda row: (row["trajectory_id"], row["step"]))
+
+
+@pytest.fixture(scope="module")
+def episode(rows) -> list[dict]:
+    """The first trajectory: few enough transitions for a tiny model to learn by heart."""
+    first = rows[0]["trajectory_id"]
+    return [row for row in rows if row["trajectory_id"] == first]
+
+
+@pytest.fixture(scope="module")
+def experience(episode, tmp_path_factory) -> ExperienceModel:
+    examples = build_examples(None, None, episode, TINY, ef_search=40)
+    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY,
+                       tmp_path_factory.mktemp("dream"), seed=0, progress=False)
+    model, tokenizer = load_experience_model(result.model_dir)
+    return ExperienceModel(model, tokenizer, TINY)
+
+
+@pytest.fixture(scope="module")
+def task(episode, rows):
+    return next(t for t in seed_tasks(rows) if t.task_id == episode[0]["task_id"])
+
+
+def test_dream_env_passes_the_same_check_as_the_real_env(experience, task):
+    check_env(lambda: DreamEnv(experience, max_steps=4), [task], seed=0)
+
+
+def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, episode, task):
+    env = DreamEnv(experience, max_steps=50)
+    observation, info = env.reset(task)
+    assert observation == episode[0]["state"] and info["expert_action"] is None
+    history = []
+    for row in episode[:3]:
+        state = parse_state(observation)
+        expected = experience.predict([Query(task.instruction, state, row["action"],
+                                             tuple(history[-TINY.history:]), env._episode.trajectory_id)])[0]
+        observation, reward, terminated, truncated, info = env.step(row["action"])
+        if not expected.ok:
+            assert (observation, reward, info["model_failure"]) == (format_state(state), 0.0, expected.error)
+            break
+        assert observation == format_state(expected.completion.next_state)
+        assert (reward, terminated) == (expected.completion.reward, expected.completion.done)
+        assert info["won"] == (terminated and reward > 0) and info["score"] == sum(
+            step.reward for step in history) + reward
+        history.append(Step(row["action"], reward, state.location))
+        if terminated:
+            break
+    assert env.model_steps == len(history) + (not expected.ok)
+
+
+def test_an_unavailable_action_changes_nothing_and_asks_no_model(experience, task):
+    env = DreamEnv(experience, max_steps=3)
+    start, _ = env.reset(task)
+    observation, reward, terminated, truncated, info = env.step("dance with the fridge")
+    assert (observation, reward, terminated, truncated) == (start, 0.0, False, False)
+    assert env.model_steps == 0 and info["model_failure"] is None and env.take_transitions() == []
+    env.step("look")
+    observation, _, _, truncated, _ = env.step("dance")
+    assert truncated  # the step limit is the env's, not the model's
+    with pytest.raises(EnvError, match="after the episode ended"):
+        env.step("look")
+
+
+def test_batched_and_one_by_one_stepping_give_the_same_episodes(experience, episode, task):
+    actions = [row["action"] for row in episode[:4]] + ["look"]
+    one_by_one = []
+    for slot in range(3):
+        env = DreamEnv(experience, max_steps=len(actions), slot=slot)
+        env.reset(task)
+        one_by_one.append([env.step(action)[:4] for action in actions])
+    together = [DreamEnv(experience, max_steps=len(actions), slot=slot) for slot in range(3)]
+    for env in together:
+        env.reset(task)
+    batched = [[] for _ in together]
+    for action in actions:
+        for steps, result in zip(batched, step_together(together, [action] * len(together))):
+            steps.append(result[:4])
+    assert batched == one_by_one
+    with pytest.raises(ValueError, match="appears twice"):
+        step_together([together[0], together[0]], ["look", "look"])
+
+
+def test_unparsable_predictions_are_counted_not_made_up(experience, task):
+    untrained = ExperienceModel(init_model(experience.tokenizer, TINY, seed=0), experience.tokenizer,
+                                dataclasses.replace(TINY, max_new_tokens=8, retries=1))
+    env = DreamEnv(untrained, max_steps=5)
+    start, _ = env.reset(task)
+    action = parse_state(start).actions[0]
+    observation, reward, terminated, _, info = env.step(action)
+    assert (observation, reward, terminated) == (start, 0.0, False)
+    assert info["model_failure"] and info["model_failures"] == 1 == env.failures
+    assert env.take_transitions() == []  # nothing predicted, nothing to write back
+
+
+def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
+        experience, episode, task, rows, buffer_db, encoder):
+    upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
+    env = DreamEnv(experience, max_steps=6, model_version="models:/dreamgym-experience/7",
+                   policy="policy-v3", run_id="run-1")
+    env.reset(task)
+    for row in episode[:5]:
+        if env.step(row["action"])[2]:
+            break
+    synthetic = env.take_transitions()
+    assert synthetic and env.take_transitions() == []
+    config = BufferConfig()
+    first = write_back(buffer_db, synthetic, config, embed=encoder.encode)
+    assert first.inserted == len(synthetic)
+    assert write_back(buffer_db, synthetic, config, embed=encoder.encode).inserted == 0
+    with buffer_db.engine.connect() as connection:
+        stored = connection.exec_driver_sql(
+            "SELECT source, model_version, policy, run_id, count(*) FROM transitions "
+            "WHERE source = 'synthetic' GROUP BY 1, 2, 3, 4").all()
+    assert [tuple(r) for r in stored] == [("synthetic", "models:/dreamgym-experience/7",
+                                           "policy-v3", "run-1", len(synthetic))]
+    # Replaying the same rollouts (same task, slot, versions, episode number) gives the same ids.
+    again = DreamEnv(experience, max_steps=6, model_version="models:/dreamgym-experience/7",
+                     policy="policy-v3", run_id="run-1")
+    again.reset(task)
+    for row in episode[:5]:
+        if again.step(row["action"])[2]:
+            break
+    assert write_back(buffer_db, again.take_transitions(), config, embed=encoder.encode).inserted == 0
+    with pytest.raises(ValueError, match="synthetic transitions only"):
+        write_back(buffer_db, episode[:1], config, embed=encoder.encode)
+    # Grounding: by default retrieval returns real transitions only, synthetic ones on request.
+    query = [{"instruction": task.instruction, "state": synthetic[0]["state"],
+              "action": synthetic[0]["action"]}]
+    real_only = neighbours(buffer_db, encoder, query, k=5, ef_search=100)[0]
+    assert real_only and all(t["source"] == "real" for t in real_only)
+    vector = encoder.encode([f"action: {synthetic[0]['action']}"])
+    found = search(buffer_db, vector, 50, filters=[Filters(source="synthetic")], ef_search=200)[0]
+    assert {hit.transition["content_hash"] for hit in found} == {r["content_hash"] for r in synthetic}
+
+
+# --- variations: the second objective ----------------------------------------------------------
+
+def test_variation_examples_pair_a_seed_with_real_tasks_and_renamed_copies(rows):
+    examples = variation_examples(rows, per_task=4)
+    seeds = {row["task_id"]: row for row in seed_rows(rows)}
+    assert len(examples) == 4 * len(seeds) and {e.objective for e in examples} == {"variation"}
+    real_tasks = {(row["instruction"], row["state"]) for row in seeds.values()}
+    for example in examples:
+        seed = seeds[example.task_id]
+        assert example.prompt == variation_prompt(seed["instruction"], seed["state"])
+        instruction, state = parse_variation(example.completion)
+        assert (instruction, state) != (seed["instruction"], seed["state"])
+        target = parse_state(state)  # a well-formed initial state, with actions to take
+        assert target.actions
+        if (instruction, state) not in real_tasks:  # the seed renamed: same layout, new objects
+            assert target.location == parse_state(seed["state"]).location
+            assert len(target.actions) == len(parse_state(seed["state"]).actions)
+    assert parse_variation("<task>t</task>\n<state>\nbroken") is None
+
+
+def test_written_variations_are_checked_before_use(rows, tmp_path):
+    seeds = seed_tasks(rows)[:3]
+    seed_ids = {task.task_id for task in seeds}
+    examples = variation_examples([row for row in rows if row["task_id"] in seed_ids], per_task=2)
+    config = dataclasses.replace(TINY, epochs=100, max_length=1024)
+    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], config,
+                       tmp_path, seed=0, progress=False)
+    model, tokenizer = load_experience_model(result.model_dir)
+    written = write_variations(model, tokenizer, seeds, count=6, seed=0, max_new_tokens=480)
+    assert len(written) == 6
+    known = {(task.instruction, task.initial_state) for task in seeds}
+    verbs = {action.split()[0] for task in seeds for action in parse_state(task.initial_state).actions}
+    reasons = []
+    for variant, seed in zip(written, [seeds[i % 3] for i in range(6)]):
+        assert variant.task_id.startswith(f"{seed.task_id}~") and variant.env == seed.env
+        reason = check_variation(variant, seed, known, verbs)
+        if reason is None:
+            parsed = parse_state(variant.initial_state)
+            assert parsed.actions and variant.instruction
+            known.add((variant.instruction, variant.initial_state))
+        reasons.append(reason)
+    # Trained on few examples, the tiny model writes some usable variants (its renamed copies)
+    # and some it must not use (copies of known tasks, broken states); each refusal says why.
+    assert any(reason is None for reason in reasons), reasons
+    assert all(reason is None or len(reason) > 10 for reason in reasons)
+
