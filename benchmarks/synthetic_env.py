@@ -10,9 +10,9 @@ episode with seeded random available actions. Reports synthetic transitions/s (s
 predicted, failures included, per second of wall time), median of --repeats, and the parse-failure
 rate. In the same run, real TextWorld steps/s on the training games with the same kind of policy.
 
-`--log` writes a short rollout for reading: a real successful episode of a held-out game
-(outputs/experience/fidelity_real.parquet, made by the train-experience flow) replayed in DreamEnv
-from its real initial state, each step's predicted change, reward and reasoning next to
+`--log` writes short rollouts for reading: a real successful episode of a training game and one of
+a held-out game (outputs/experience/fidelity_real.parquet, made by the train-experience flow)
+replayed in DreamEnv from its real initial state, each step's predicted change, reward and reasoning next to
 what the real game did.
 """
 
@@ -72,28 +72,34 @@ def real_rate(games, steps: int, seed: int, max_steps: int) -> float:
     return done / (time.perf_counter() - started)
 
 
-def rollout_log(experience, rows, max_steps: int) -> str:
+def rollout_log(experience, rows, max_steps: int, title: str) -> str:
     """A real won episode replayed in DreamEnv, as Markdown."""
     won = sorted({row["trajectory_id"] for row in rows if row["won"]})
     episode = sorted((row for row in rows if row["trajectory_id"] == won[0]), key=lambda row: row["step"])
     task = next(t for t in seed_tasks(rows) if t.task_id == episode[0]["task_id"])
     env = DreamEnv(experience, max_steps=max_steps, record=False)
     observation, _ = env.reset(task)
-    lines = [f"# Synthetic rollout: {task.task_id}", "", f"Task: {task.instruction}", "",
+    lines = [f"# {title}: {task.task_id}", "", f"Task: {task.instruction}", "",
              "Initial state (real):", "", "```", observation, "```", ""]
     state = parse_state(observation)
     for row in episode:
+        available = row["action"] in state.actions
         observation, reward, terminated, truncated, info = env.step(row["action"])
         predicted, real_next = parse_state(observation), parse_state(row["next_state"])
-        reasoning = info["reasoning"] or f"(no parse: {info['model_failure']})"
+        predicted_change = state_delta(state, predicted)
+        real_change = state_delta(parse_state(row["state"]), real_next)
+        if not available:
+            reasoning = "(not available in the predicted state: nothing happens, no model call)"
+        else:
+            reasoning = info["reasoning"] or f"(no parse after retries: {info['model_failure']})"
         lines += [f"## step {row['step']}: `{row['action']}`", "",
                   f"- reasoning: {reasoning}",
-                  "- predicted change: `" + state_delta(state, predicted).replace("\n", " / ") + "`",
-                  "- real change: `" + state_delta(parse_state(row["state"]), real_next)
-                  .replace("\n", " / ") + "`",
+                  "- predicted change: `" + predicted_change.replace("\n", " / ") + "`",
+                  "- real change: `" + real_change.replace("\n", " / ") + "`",
                   f"- reward {reward:g} (real {row['reward']:g}), done {terminated} (real "
-                  f"{row['terminated']}), next state "
-                  f"{'matches' if predicted == real_next else 'DIFFERS from'} the real one", ""]
+                  f"{row['terminated']}); change {'as' if predicted_change == real_change else 'NOT as'}"
+                  f" in the game; whole state {'equal to' if predicted == real_next else 'differs from'}"
+                  " the game's", ""]
         state = predicted
         if terminated or truncated:
             break
@@ -139,7 +145,10 @@ def main() -> None:
             args.log.parent.mkdir(parents=True, exist_ok=True)
             held_out = read_transitions(project / config.paths.outputs_dir / "experience"
                                         / "fidelity_real.parquet").to_pylist()
-            args.log.write_text(rollout_log(experience, held_out, config.env.max_steps) + "\n")
+            args.log.write_text(
+                rollout_log(experience, rows, config.env.max_steps, "Training game, an episode it was trained on")
+                + "\n\n" + rollout_log(experience, held_out, config.env.max_steps, "Held-out game")
+                + "\n")
     games = list_games(project / config.paths.data_dir / "games" / "train")[:args.real_games]
     real_rate(games[:1], 2, 0, config.env.max_steps)  # warm-up: TextWorld import
     real = [real_rate(games, args.steps * 4, seed, config.env.max_steps) for seed in range(args.repeats)]

@@ -177,7 +177,7 @@ class ExperienceConfig:
     save_steps: Annotated[int, _help("Checkpoint every this many steps (training resumes from the "
                                      "last one).", ge=1)] = 100
     # Generation and evaluation
-    max_new_tokens: Annotated[int, _help("Longest completion generated.", ge=8)] = 384
+    max_new_tokens: Annotated[int, _help("Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8)] = 320
     retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
                                   "reported as a failure.", ge=0)] = 2
     backend: Annotated[Literal["local", "http"], _help(

@@ -44,6 +44,7 @@ def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
                "neighbours": config.neighbours, "reasoning": config.reasoning,
                "renamed_copies": config.renamed_copies, "variations": config.variations_per_task,
+               "synthetic_neighbours": config.synthetic_neighbours,
                "annotator": config.annotator,
                "annotator_model": config.annotator_model, "encoder": encoder}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
@@ -124,10 +125,15 @@ def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: 
         return summary
 
 
+# Experience settings that change how a trained model is used, not the model.
+_NOT_TRAINING = ("max_new_tokens", "retries", "eval_games", "multi_step", "synthetic_neighbours",
+                 "backend", "backend_url", "backend_model", "backend_timeout", "backend_retries")
+
+
 def _training_key(config: PipelineConfig) -> str:
     """Training settings that make a different model (a changed one trains a new folder)."""
     settings = {k: v for k, v in config_to_dict(config)["experience"].items()
-                if k not in ("max_new_tokens", "retries", "eval_games", "multi_step")} | {"seed": config.seed}
+                if k not in _NOT_TRAINING} | {"seed": config.seed}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.store import upsert_transitions, write_back
-from dreamgym.config import BufferConfig, ExperienceConfig
+from dreamgym.config import BufferConfig, CurriculumConfig, ExperienceConfig
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.base import EnvError
 from dreamgym.envs.checker import check_env
@@ -20,9 +20,10 @@ from dreamgym.experience.format import Step
 from dreamgym.experience.generate import ExperienceModel, Query
 from dreamgym.experience.model import init_model, load_experience_model
 from dreamgym.experience.train import train_sft
-from dreamgym.curriculum import check_variation
+from dreamgym.curriculum import Curriculum, check_variation
 from dreamgym.experience.variations import (parse_variation, seed_rows, seed_tasks,
-                                            variation_examples, variation_prompt, write_variations)
+                                            variation_examples, variation_prompt, variation_writer,
+                                            write_variations)
 from dreamgym.state import format_state, parse_state
 
 TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512,
@@ -214,4 +215,11 @@ def test_written_variations_are_checked_before_use(rows, tmp_path):
     # and some it must not use (copies of known tasks, broken states); each refusal says why.
     assert any(reason is None for reason in reasons), reasons
     assert all(reason is None or len(reason) > 10 for reason in reasons)
+    # The curriculum asks the same model, checks what it writes and pools what it accepts.
+    curriculum = Curriculum(seeds, CurriculumConfig(tasks_per_epoch=4, variation_fraction=0.5),
+                            write_variations=variation_writer(model, tokenizer, max_new_tokens=480))
+    drawn = curriculum.draw(epoch=0)
+    metrics = curriculum.metrics()
+    assert len(drawn) == 4 and metrics["variations_accepted"] + metrics["variations_rejected"] == 2
+    assert metrics["curriculum_tasks"] == 3 + metrics["variations_accepted"]
 

@@ -106,7 +106,8 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
 TINY_EXPERIENCE = {"experience.vocab_size": 512, "experience.hidden_size": 64, "experience.layers": 2,
                    "experience.heads": 2, "experience.max_length": 768, "experience.epochs": 1.0,
                    "experience.neighbours": 2, "experience.max_new_tokens": 32, "experience.retries": 0,
-                   "experience.eval_games": 1, "experience.multi_step": 2, "experience.renamed_copies": 1}
+                   "experience.eval_games": 1, "experience.multi_step": 2, "experience.renamed_copies": 1,
+                   "experience.variations_per_task": 1}
 
 
 def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, prefect_server, mlflow_tracking):
@@ -158,7 +159,18 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
     others = [flow.examples_key("md5-other", config, "encoder"),
               flow.examples_key("md5", dataclasses.replace(config, history=0), "encoder"),
               flow.examples_key("md5", dataclasses.replace(config, reasoning=False), "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, renamed_copies=2), "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, variations_per_task=0), "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, synthetic_neighbours=True), "encoder"),
               flow.examples_key("md5", config, "another-encoder")]
     monkeypatch.setattr(flow, "FORMAT_VERSION", flow.FORMAT_VERSION + 1)
     others.append(flow.examples_key("md5", config, "encoder"))
-    assert len({key, *others}) == 6
+    assert len({key, *others}) == 9
+    # Settings for using a model, not training it, never train a new one.
+    from dreamgym.config import PipelineConfig
+
+    pipeline = PipelineConfig()
+    served = dataclasses.replace(pipeline, experience=dataclasses.replace(
+        pipeline.experience, max_new_tokens=100, backend="http", backend_url="http://gpu:8000/v1",
+        backend_model="m", synthetic_neighbours=True))
+    assert flow._training_key(served) == flow._training_key(pipeline)

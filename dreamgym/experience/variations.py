@@ -24,9 +24,10 @@ comes back as a Task whose state says so, and is rejected there with the reason.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -35,6 +36,7 @@ from dreamgym.envs.base import Task
 from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
                                          object_names, renamable_names)
 from dreamgym.experience.examples import Example
+from dreamgym.experience.generate import CACHE
 
 VARIANT_STOP = "</state>"
 SAMPLING_TEMPERATURE = 1.0
@@ -120,7 +122,8 @@ def write_variations(model, tokenizer, seeds: Sequence[Task], count: int, seed: 
     torch.manual_seed(seed)
     output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True,
                             temperature=SAMPLING_TEMPERATURE, top_p=None, top_k=None,
-                            use_cache=True, stop_strings=[VARIANT_STOP], tokenizer=tokenizer,
+                            use_cache=True, cache_implementation=CACHE, stop_strings=[VARIANT_STOP],
+                            tokenizer=tokenizer,
                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     variants = []
@@ -133,3 +136,12 @@ def write_variations(model, tokenizer, seeds: Sequence[Task], count: int, seed: 
                       f"unfinished variant: {text[-80:]!r}")
         variants.append(variant_task(task, *parsed))
     return variants
+
+
+def variation_writer(model, tokenizer, seed: int = 0,
+                     max_new_tokens: int = 512) -> Callable[[Sequence[Task], int], list[Task]]:
+    """`write_variations` for `Curriculum`: bound to a model, with a new sampling seed each call
+    (the same sequence of seeds in every run with the same `seed`)."""
+    calls = itertools.count()
+    return lambda seeds, count: write_variations(model, tokenizer, seeds, count,
+                                                 seed=seed + next(calls), max_new_tokens=max_new_tokens)
