@@ -15,22 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
 
-from dreamgym.config import load_config
+from common import machine, model_setup
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.examples import history_of
 from dreamgym.experience.generate import Query, open_experience_model
-from dreamgym.registry import resolve_model
 from dreamgym.state import parse_state
-from dreamgym.tracking import configure_services
 
 
 def main() -> None:
@@ -43,17 +38,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    config = load_config(args.params)
-    project = args.params.resolve().parent
-    run_dir = project / config.paths.run_dir
-    configure_services(run_dir)
-    model_dir, label = resolve_model(args.model, run_dir / "models")
+    setup = model_setup(args.params, args.model)
+    config, project, run_dir, model_dir, label = (setup.config, setup.project, setup.run_dir,
+                                                  setup.model_dir, setup.model_label)
     rows = sorted(read_transitions(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet")
                   .to_pylist(), key=lambda row: (row["trajectory_id"], row["step"]))
     report = {"model": label, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "device": "cuda" if torch.cuda.is_available() else "cpu",
-                          "torch_threads": torch.get_num_threads()},
+              "machine": machine(),
               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "batches": {}}
     with open_experience_model(model_dir, run_dir, config) as experience:
         report["parameters"] = sum(p.numel() for p in experience.model.parameters())

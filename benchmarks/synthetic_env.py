@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
 
-from dreamgym.config import load_config
+from common import machine, model_setup
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv, step_together
@@ -38,9 +35,7 @@ from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.experience.format import state_delta
 from dreamgym.experience.generate import open_experience_model
 from dreamgym.experience.variations import seed_tasks
-from dreamgym.registry import resolve_model
 from dreamgym.state import parse_state
-from dreamgym.tracking import configure_services
 
 
 def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict:
@@ -118,17 +113,13 @@ def main() -> None:
     parser.add_argument("--log", type=Path)
     args = parser.parse_args()
 
-    config = load_config(args.params)
-    project = args.params.resolve().parent
-    run_dir = project / config.paths.run_dir
-    configure_services(run_dir)
-    model_dir, label = resolve_model(args.model, run_dir / "models")
+    setup = model_setup(args.params, args.model)
+    config, project, run_dir, model_dir, label = (setup.config, setup.project, setup.run_dir,
+                                                  setup.model_dir, setup.model_label)
     rows = read_transitions(project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
     tasks = seed_tasks(rows)
     report = {"model": label, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "device": "cuda" if torch.cuda.is_available() else "cpu",
-                          "torch_threads": torch.get_num_threads()},
+              "machine": machine(),
               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "synthetic": {}}
     with open_experience_model(model_dir, run_dir, config) as experience:

@@ -129,17 +129,24 @@ def test_unparsable_predictions_are_counted_not_made_up(experience, task):
     assert env.take_transitions() == []  # nothing predicted, nothing to write back
 
 
-def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
-        experience, episode, task, rows, buffer_db, encoder):
-    upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
+def _replay(experience, task, rows) -> list[dict]:
+    """The synthetic transitions of `rows`' actions played in a fresh DreamEnv, as written back."""
     env = DreamEnv(experience, max_steps=6, model_version="models:/dreamgym-experience/7",
                    policy="policy-v3", run_id="run-1")
     env.reset(task)
-    for row in episode[:5]:
+    for row in rows:
         if env.step(row["action"])[2]:
             break
-    synthetic = env.take_transitions()
-    assert synthetic and env.take_transitions() == []
+    transitions = env.take_transitions()
+    assert env.take_transitions() == []  # taken once
+    return transitions
+
+
+def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
+        experience, episode, task, rows, buffer_db, encoder):
+    upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
+    synthetic = _replay(experience, task, episode[:5])
+    assert synthetic
     config = BufferConfig()
     first = write_back(buffer_db, synthetic, config, embed=encoder.encode)
     assert first.inserted == len(synthetic)
@@ -151,13 +158,9 @@ def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
     assert [tuple(r) for r in stored] == [("synthetic", "models:/dreamgym-experience/7",
                                            "policy-v3", "run-1", len(synthetic))]
     # Replaying the same rollouts (same task, slot, versions, episode number) gives the same ids.
-    again = DreamEnv(experience, max_steps=6, model_version="models:/dreamgym-experience/7",
-                     policy="policy-v3", run_id="run-1")
-    again.reset(task)
-    for row in episode[:5]:
-        if again.step(row["action"])[2]:
-            break
-    assert write_back(buffer_db, again.take_transitions(), config, embed=encoder.encode).inserted == 0
+    again = _replay(experience, task, episode[:5])
+    assert [r["content_hash"] for r in again] == [r["content_hash"] for r in synthetic]
+    assert write_back(buffer_db, again, config, embed=encoder.encode).inserted == 0
     with pytest.raises(ValueError, match="synthetic transitions only"):
         write_back(buffer_db, episode[:1], config, embed=encoder.encode)
     # Grounding: by default retrieval returns real transitions only, synthetic ones on request.

@@ -1,0 +1,39 @@
+"""What the experience-model benchmarks share: the configured project, the model, the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dreamgym.config import PipelineConfig, load_config
+from dreamgym.registry import resolve_model
+from dreamgym.tracking import configure_services
+
+
+@dataclass(frozen=True)
+class Setup:
+    config: PipelineConfig
+    project: Path
+    run_dir: Path
+    model_dir: Path
+    model_label: str
+
+
+def model_setup(params: Path, model: str) -> Setup:
+    """The configuration in `params`, its embedded services, and the model `model` refers to."""
+    config = load_config(params)
+    project = params.resolve().parent
+    run_dir = project / config.paths.run_dir
+    configure_services(run_dir)
+    model_dir, label = resolve_model(model, run_dir / "models")
+    return Setup(config, project, run_dir, Path(model_dir), label)
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "torch_threads": torch.get_num_threads()}
