@@ -5,8 +5,8 @@
         [--log benchmarks/results/synthetic_rollout-<date>.md]
 
 For each batch size B: B DreamEnvs on seed tasks (real initial states of the training data), each
-step of all B taken with one `step_together` call (one batched generation), `--steps` steps per
-episode with seeded random available actions. Reports synthetic transitions/s (steps the model
+step of all B taken with one `step_together` call (one batched generation), `--steps` steps with
+seeded random available actions (an episode the model ends starts again on its task). Reports synthetic transitions/s (steps the model
 predicted, failures included, per second of wall time), median of --repeats, and the parse-failure
 rate. In the same run, real TextWorld steps/s on the training games with the same kind of policy.
 
@@ -44,8 +44,11 @@ def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict
     observations = [env.reset(tasks[(seed + slot) % len(tasks)])[0] for slot, env in enumerate(envs)]
     started = time.perf_counter()
     for _ in range(steps):
-        actions = [rng.choice(parse_state(o).actions) for o in observations]
-        observations = [result[0] for result in step_together(envs, actions)]
+        actions = [rng.choice(parse_state(o).actions or ("look",)) for o in observations]
+        results = step_together(envs, actions)
+        # An episode the model ended starts again on the same task: the batch stays full.
+        observations = [env.reset(env.task)[0] if terminated or truncated else observation
+                        for env, (observation, _, terminated, truncated, _) in zip(envs, results)]
     seconds = time.perf_counter() - started
     predicted = sum(env.model_steps for env in envs)
     return {"transitions": predicted, "seconds": seconds, "per_s": predicted / seconds,

@@ -89,6 +89,11 @@ class DreamEnv:
     def close(self) -> None:
         self._episode = None
 
+    @property
+    def task(self) -> Task | None:
+        """The task of the current (or last) episode."""
+        return self._episode.task if self._episode else None
+
     def take_transitions(self) -> list[dict]:
         """The transitions stepped by the model since the last call, as buffer rows
         (`source="synthetic"`), and forget them."""
