@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
@@ -102,3 +103,30 @@ def test_fidelity_report_on_real_transitions(trained, episode_rows):
     assert summary["multi_step"][0]["episodes"] == 1
     # Memorised transitions are mostly predicted exactly: the measurement sees a working model.
     assert summary["next_state_exact_match"] >= 0.5
+
+
+def test_removals_are_constrained_to_items_the_state_has(trained):
+    from dreamgym.experience.constrain import RemovalConstraint, allowed_removals
+
+    state = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), ("carrot",),
+                          ("eat carrot", "open fridge"))
+    # Only what the field holds and the line has not removed yet.
+    assert allowed_removals(state, "<next_state>\nvisible: -fridge (closed); -kn") == (
+        "kn", ["knife (on table); ", "table; ", "knife (on table)\n", "table\n"])
+    assert allowed_removals(state, "<next_state>\nvisible: +kn") is None  # additions are free
+    assert allowed_removals(state, "<next_state>\nvisible: -a\n</next_state>\n<reward>") is None
+    _, tokenizer = load_experience_model(trained.model_dir)
+    torch.manual_seed(0)
+    for written in ("<next_state>\ninventory: -", "<next_state>\nvisible: -fridge (closed); -k"):
+        text = written
+        # Whatever the scores, greedy decoding under the constraint spells an item of the field.
+        for _ in range(12):
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            scores = torch.randn(1, len(tokenizer))
+            constrained = RemovalConstraint(tokenizer, [state], prompt_length=0)(ids, scores)
+            text += tokenizer.decode([int(constrained.argmax())])
+            if "; " in text[len(written):] or "\n" in text[len(written):]:
+                break  # the entry is complete (a token may run on past its end)
+        entry = text[len(written):].split("; ")[0].split("\n")[0]
+        removed = entry if written.endswith("-") else "k" + entry
+        assert removed in (state.inventory if "inventory" in written else state.visible), text

@@ -15,6 +15,7 @@ prompts, parsing and retries are the same code as for the local model.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -24,9 +25,11 @@ from pathlib import Path
 
 import httpx
 import torch
+from transformers import LogitsProcessorList
 
 from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.constrain import RemovalConstraint
 from dreamgym.experience.examples import worked_examples
 from dreamgym.experience.format import (Completion, FormatError, Step, Worked, format_prompt,
                                         parse_completion)
@@ -49,6 +52,13 @@ _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
 class ExperienceBackendError(DreamgymError):
     """An experience-model server that cannot be reached or gives no usable completions."""
+
+
+def sample_seed(seed: int, attempt: int, prompts: Sequence[str]) -> int:
+    """The sampling seed of a retry: from the run's seed, the attempt and the prompts themselves,
+    so that one query's retry draws the same sample in any batch and any process."""
+    digest = hashlib.sha256("\n".join(prompts).encode()).digest()
+    return (seed + attempt * 1_000_003 + int.from_bytes(digest[:4], "big")) % 2**31
 
 
 def save_settings(model_dir: str | Path, config: ExperienceConfig) -> None:
@@ -114,15 +124,21 @@ class ExperienceModel:
                 for q, worked in zip(queries, self.worked(queries))]
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0) -> list[str]:
-        """Completions of `prompts` in one batched call: greedy, or sampled for a retry."""
+    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
+                 states: Sequence[AbstractState] | None = None) -> list[str]:
+        """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
+        the prompts' current `states` (and experience.constrain_removals), a removal can only
+        name an item the state has (`constrain.py`)."""
         budget = self.config.max_length - self.config.max_new_tokens
         inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
                                 max_length=budget).to(self.model.device)
         if sample:
-            torch.manual_seed(self.seed + attempt)
+            torch.manual_seed(sample_seed(self.seed, attempt, prompts))
+        constraint = ([RemovalConstraint(self.tokenizer, states, inputs["input_ids"].shape[1])]
+                      if states is not None and self.config.constrain_removals else [])
         output = self.model.generate(
-            **inputs, max_new_tokens=self.config.max_new_tokens, do_sample=sample,
+            **inputs, logits_processor=LogitsProcessorList(constraint),
+            max_new_tokens=self.config.max_new_tokens, do_sample=sample,
             temperature=RETRY_TEMPERATURE if sample else None, top_p=None, top_k=None,
             use_cache=True, cache_implementation=CACHE, stop_strings=[STOP], tokenizer=self.tokenizer,
             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id)
@@ -135,7 +151,12 @@ class ExperienceModel:
         results: list[Prediction | None] = [None] * len(queries)
         pending = list(range(len(queries)))
         for attempt in range(self.config.retries + 1):
-            texts = self.generate([prompts[i] for i in pending], sample=attempt > 0, attempt=attempt)
+            if attempt == 0:  # greedy: the same text whatever else is in the batch
+                texts = self.generate([prompts[i] for i in pending],
+                                      states=[queries[i].state for i in pending])
+            else:  # sampled one query at a time, so that a retry does not depend on the batch
+                texts = [self.generate([prompts[i]], sample=True, attempt=attempt,
+                                       states=[queries[i].state])[0] for i in pending]
             still = []
             for index, text in zip(pending, texts):
                 try:
@@ -166,15 +187,17 @@ class RemoteExperienceModel(ExperienceModel):
         super().__init__(None, None, config, database, encoder, ef_search, seed)
         self.url = f"{config.backend_url.rstrip('/')}/completions"
 
-    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0) -> list[str]:
-        """Completions of `prompts` in one request: greedy, or sampled (seeded) for a retry."""
+    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
+                 states: Sequence[AbstractState] | None = None) -> list[str]:
+        """Completions of `prompts` in one request: greedy, or sampled (seeded) for a retry.
+        Removals are not constrained here (`states` is unused): the server decodes freely."""
         if not prompts:
             return []
         body = {"model": self.config.backend_model, "prompt": list(prompts),
                 "max_tokens": self.config.max_new_tokens,
                 "temperature": RETRY_TEMPERATURE if sample else 0, "stop": [STOP]}
         if sample:
-            body["seed"] = self.seed + attempt
+            body["seed"] = sample_seed(self.seed, attempt, prompts)
         return self._texts(self._post(body), len(prompts))
 
     def _post(self, body: dict) -> httpx.Response:

@@ -1,0 +1,86 @@
+"""Constrained decoding of removals: a delta may only remove what the current state holds.
+
+The commonest way a completion fails to parse is a removal of an item the state does not have
+("cannot remove 'knife (on table)' from visible: it is not there"): the model half-remembers an
+item of another game. While the model writes a removal (`-...` in a `visible:`, `inventory:` or
+`actions:` line of the next state), this logits processor lets through only the tokens that keep
+the entry a prefix of an item of that field in the current state (not yet removed on the line),
+followed by the separator or the line's end. Everything else the model writes freely; the strict
+parser still reads the result.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+
+from dreamgym.state import ITEM_SEPARATOR, AbstractState
+
+_OPEN = "<next_state>\n"
+_CLOSE = "</next_state>"
+_LIST_LINE = re.compile(r"(visible|inventory|actions): (.*)")
+
+
+def allowed_removals(state: AbstractState, generated: str) -> tuple[str, list[str]] | None:
+    """(the removal written so far, the texts it may still become) when `generated` ends inside a
+    removal entry of a list field's change line; None anywhere else."""
+    start = generated.rfind(_OPEN)
+    if start < 0 or _CLOSE in generated[start:]:
+        return None
+    line = generated[start + len(_OPEN):].rsplit("\n", 1)[-1]
+    match = _LIST_LINE.fullmatch(line)
+    if not match:
+        return None
+    entries = match[2].split(ITEM_SEPARATOR)
+    partial = entries[-1]
+    if not partial.startswith("-"):
+        return None
+    removed = {entry[1:] for entry in entries[:-1] if entry.startswith("-")}
+    items = [item for item in getattr(state, match[1]) if item not in removed]
+    endings = [f"{item}{ITEM_SEPARATOR}" for item in items] + [f"{item}\n" for item in items]
+    return partial[1:], endings
+
+
+class RemovalConstraint:
+    """A `LogitsProcessor` for a batch of prompts whose current states are `states`."""
+
+    def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int):
+        self.states, self.prompt_length = list(states), prompt_length
+        special = set(tokenizer.all_special_ids)
+        # Each token's text, decoded once: the generated text grows by one piece a step (exact
+        # for a byte-level BPE on ASCII text) instead of being decoded again at every step.
+        self.pieces = ["" if token in special else tokenizer.decode([token])
+                       for token in range(len(tokenizer))]
+        self.by_first: dict[str, list[tuple[int, str]]] = {}  # token pieces by their first character
+        for token, piece in enumerate(self.pieces):
+            if piece:
+                self.by_first.setdefault(piece[0], []).append((token, piece))
+        self.generated = [""] * len(self.states)
+        self.seen = prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for position in range(self.seen, input_ids.shape[1]):
+            for row, token in enumerate(input_ids[:, position].tolist()):
+                self.generated[row] += self.pieces[token] if token < len(self.pieces) else ""
+        self.seen = input_ids.shape[1]
+        for row, state in enumerate(self.states):
+            found = allowed_removals(state, self.generated[row])
+            if found is None:
+                continue
+            written, endings = found
+            endings = [ending for ending in endings if ending.startswith(written)]
+            following = {ending[len(written)] for ending in endings}
+            allowed = [token for char in following for token, piece in self.by_first.get(char, ())
+                       if token < scores.shape[1] and _fits(written + piece, endings)]
+            if allowed:  # no item fits what was written: leave it to the parser to refuse
+                mask = torch.full_like(scores[row], float("-inf"))
+                mask[allowed] = 0
+                scores[row] = scores[row] + mask
+        return scores
+
+
+def _fits(text: str, endings: Sequence[str]) -> bool:
+    """`text` stays on the way to one of `endings`, or completes one and goes on past it."""
+    return any(ending.startswith(text) or text.startswith(ending) for ending in endings)
