@@ -127,6 +127,7 @@ def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: 
 
 # Experience settings that change how a trained model is used, not the model.
 _NOT_TRAINING = ("max_new_tokens", "retries", "eval_games", "multi_step", "synthetic_neighbours",
+                 "constrain_removals",
                  "backend", "backend_url", "backend_model", "backend_timeout", "backend_retries")
 
 

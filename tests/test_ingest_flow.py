@@ -172,5 +172,5 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
     pipeline = PipelineConfig()
     served = dataclasses.replace(pipeline, experience=dataclasses.replace(
         pipeline.experience, max_new_tokens=100, backend="http", backend_url="http://gpu:8000/v1",
-        backend_model="m", synthetic_neighbours=True))
+        backend_model="m", synthetic_neighbours=True, constrain_removals=False))
     assert flow._training_key(served) == flow._training_key(pipeline)
