@@ -13,12 +13,18 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 
-from dreamgym.config import GamesConfig  # noqa: E402
+from dreamgym.config import ExperienceConfig, GamesConfig  # noqa: E402
 from dreamgym.data.collect import CollectionSettings, collect  # noqa: E402
 from dreamgym.data.games import generate_games, plan_games  # noqa: E402
 
 # Small games keep the suite fast: one or two ingredients, one or six rooms.
 TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1)
+# A from-scratch experience model small enough to learn one episode by heart in ~30 s of CPU; no
+# retrieval (no buffer needed) and no reasoning. Modules import it as `from conftest import ...`.
+TINY_EXPERIENCE = ExperienceConfig(
+    history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512, hidden_size=128,
+    layers=2, heads=4, max_length=768, epochs=80, batch_size=4, learning_rate=3e-3,
+    save_steps=10_000, max_new_tokens=160, retries=1, multi_step=3)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +53,32 @@ def offline_dataset(train_games, tmp_path_factory) -> Path:
     collect(train_games, out, CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30),
             workers=2, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def first_episode(offline_dataset) -> list[dict]:
+    """The transitions of the dataset's first trajectory (by id), in step order."""
+    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
+
+    rows = read_transitions(offline_dataset).to_pylist()
+    first = min(row["trajectory_id"] for row in rows)
+    return sorted((row for row in rows if row["trajectory_id"] == first), key=lambda row: row["step"])
+
+
+@pytest.fixture(scope="session")
+def tiny_experience(first_episode, tmp_path_factory):
+    """`TINY_EXPERIENCE` trained once on `first_episode`, for every module that needs a trained
+    model (the TrainResult; its settings file saved beside the weights)."""
+    from dreamgym.experience.examples import build_examples  # noqa: PLC0415
+    from dreamgym.experience.generate import save_settings  # noqa: PLC0415
+    from dreamgym.experience.train import train_sft  # noqa: PLC0415
+
+    examples = build_examples(None, None, first_episode, TINY_EXPERIENCE, ef_search=40)
+    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples],
+                       TINY_EXPERIENCE, tmp_path_factory.mktemp("tiny-experience"), seed=0,
+                       progress=False)
+    save_settings(result.model_dir, TINY_EXPERIENCE)
+    return result
 
 
 @pytest.fixture(scope="session")

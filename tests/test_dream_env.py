@@ -10,12 +10,13 @@ import pytest
 
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.store import upsert_transitions, write_back
-from dreamgym.config import BufferConfig, CurriculumConfig, ExperienceConfig
+from conftest import TINY_EXPERIENCE
+from dreamgym.config import BufferConfig, CurriculumConfig
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.base import EnvError
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.dream_env import DreamEnv, step_together
-from dreamgym.experience.examples import build_examples, neighbours
+from dreamgym.experience.examples import neighbours
 from dreamgym.experience.format import Step
 from dreamgym.experience.generate import ExperienceModel, Query
 from dreamgym.experience.model import init_model, load_experience_model
@@ -26,9 +27,8 @@ from dreamgym.experience.variations import (parse_variation, seed_rows, seed_tas
                                             write_variations)
 from dreamgym.state import format_state, parse_state
 
-TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512,
-                        hidden_size=128, layers=2, heads=4, max_length=768, epochs=80, batch_size=4,
-                        learning_rate=3e-3, save_steps=10_000, max_new_tokens=256, retries=1)
+# The shared tiny model; longer completions: the episode's first step writes a long delta.
+TINY = dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256)
 
 
 @pytest.fixture(scope="module")
@@ -38,36 +38,26 @@ def rows(offline_dataset) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def episode(rows) -> list[dict]:
-    """The first trajectory: few enough transitions for a tiny model to learn by heart."""
-    first = rows[0]["trajectory_id"]
-    return [row for row in rows if row["trajectory_id"] == first]
-
-
-@pytest.fixture(scope="module")
-def experience(episode, tmp_path_factory) -> ExperienceModel:
-    examples = build_examples(None, None, episode, TINY, ef_search=40)
-    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY,
-                       tmp_path_factory.mktemp("dream"), seed=0, progress=False)
-    model, tokenizer = load_experience_model(result.model_dir)
+def experience(tiny_experience) -> ExperienceModel:
+    model, tokenizer = load_experience_model(tiny_experience.model_dir)
     return ExperienceModel(model, tokenizer, TINY)
 
 
 @pytest.fixture(scope="module")
-def task(episode, rows):
-    return next(t for t in seed_tasks(rows) if t.task_id == episode[0]["task_id"])
+def task(first_episode, rows):
+    return next(t for t in seed_tasks(rows) if t.task_id == first_episode[0]["task_id"])
 
 
 def test_dream_env_passes_the_same_check_as_the_real_env(experience, task):
     check_env(lambda: DreamEnv(experience, max_steps=4), [task], seed=0)
 
 
-def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, episode, task):
+def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, first_episode, task):
     env = DreamEnv(experience, max_steps=50)
     observation, info = env.reset(task)
-    assert observation == episode[0]["state"] and info["expert_action"] is None
+    assert observation == first_episode[0]["state"] and info["expert_action"] is None
     history = []
-    for row in episode[:3]:
+    for row in first_episode[:3]:
         state = parse_state(observation)
         expected = experience.predict([Query(task.instruction, state, row["action"],
                                              tuple(history[-TINY.history:]), env._episode.trajectory_id)])[0]
@@ -98,8 +88,8 @@ def test_an_unavailable_action_changes_nothing_and_asks_no_model(experience, tas
         env.step("look")
 
 
-def test_batched_and_one_by_one_stepping_give_the_same_episodes(experience, episode, task):
-    actions = [row["action"] for row in episode[:4]] + ["look"]
+def test_batched_and_one_by_one_stepping_give_the_same_episodes(experience, first_episode, task):
+    actions = [row["action"] for row in first_episode[:4]] + ["look"]
     one_by_one = []
     for slot in range(3):
         env = DreamEnv(experience, max_steps=len(actions), slot=slot)
@@ -143,9 +133,9 @@ def _replay(experience, task, rows) -> list[dict]:
 
 
 def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
-        experience, episode, task, rows, buffer_db, encoder):
+        experience, first_episode, task, rows, buffer_db, encoder):
     upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
-    synthetic = _replay(experience, task, episode[:5])
+    synthetic = _replay(experience, task, first_episode[:5])
     assert synthetic
     config = BufferConfig()
     first = write_back(buffer_db, synthetic, config, embed=encoder.encode)
@@ -158,11 +148,11 @@ def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
     assert [tuple(r) for r in stored] == [("synthetic", "models:/dreamgym-experience/7",
                                            "policy-v3", "run-1", len(synthetic))]
     # Replaying the same rollouts (same task, slot, versions, episode number) gives the same ids.
-    again = _replay(experience, task, episode[:5])
+    again = _replay(experience, task, first_episode[:5])
     assert [r["content_hash"] for r in again] == [r["content_hash"] for r in synthetic]
     assert write_back(buffer_db, again, config, embed=encoder.encode).inserted == 0
     with pytest.raises(ValueError, match="synthetic transitions only"):
-        write_back(buffer_db, episode[:1], config, embed=encoder.encode)
+        write_back(buffer_db, first_episode[:1], config, embed=encoder.encode)
     # Grounding: by default retrieval returns real transitions only, synthetic ones on request.
     query = [{"instruction": task.instruction, "state": synthetic[0]["state"],
               "action": synthetic[0]["action"]}]

@@ -8,19 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from dreamgym.config import ExperienceConfig
-from dreamgym.data.schema import read_transitions
-from dreamgym.experience.examples import build_examples, history_of
+from conftest import TINY_EXPERIENCE as TINY
+from dreamgym.experience.examples import history_of
 from dreamgym.experience.fidelity import evaluate, field_f1, set_f1
-from dreamgym.experience.generate import (ExperienceModel, Query, save_settings,
-                                          trained_settings)
+from dreamgym.experience.generate import ExperienceModel, Query, trained_settings
 from dreamgym.experience.model import load_experience_model
-from dreamgym.experience.train import train_sft
 from dreamgym.state import AbstractState, parse_state
-
-TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512, hidden_size=128,
-                        layers=2, heads=4, max_length=768, epochs=80, batch_size=4,
-                        learning_rate=3e-3, save_steps=10_000, max_new_tokens=160, retries=1, multi_step=3)
 
 
 def test_set_and_field_f1():
@@ -34,23 +27,6 @@ def test_set_and_field_f1():
     assert scores["visible"] == pytest.approx(2 / 3) and scores["actions"] == pytest.approx(2 / 3)
 
 
-@pytest.fixture(scope="module")
-def episode_rows(offline_dataset) -> list[dict]:
-    """The transitions of the first trajectory: few enough for a tiny model to learn by heart."""
-    rows = read_transitions(offline_dataset).to_pylist()
-    keep = sorted({row["trajectory_id"] for row in rows})[:1]
-    return sorted((row for row in rows if row["trajectory_id"] in keep), key=lambda row: row["step"])
-
-
-@pytest.fixture(scope="module")
-def trained(episode_rows, tmp_path_factory):
-    examples = build_examples(None, None, episode_rows, TINY, ef_search=40)
-    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY,
-                       tmp_path_factory.mktemp("experience"), seed=0, progress=False)
-    save_settings(result.model_dir, TINY)
-    return result
-
-
 def _queries(rows: list[dict]) -> list[Query]:
     """Queries as the examples were built: real state, action and history."""
     return [Query(row["instruction"], parse_state(row["state"]), row["action"],
@@ -58,10 +34,10 @@ def _queries(rows: list[dict]) -> list[Query]:
             for index, row in enumerate(rows)]
 
 
-def test_a_batch_comes_back_parsed_or_as_explicit_failures(trained, episode_rows):
-    model, tokenizer = load_experience_model(trained.model_dir)
+def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, first_episode):
+    model, tokenizer = load_experience_model(tiny_experience.model_dir)
     experience = ExperienceModel(model, tokenizer, TINY)
-    batch = episode_rows[:8]
+    batch = first_episode[:8]
     predictions = experience.predict(_queries(batch))
     assert len(predictions) == len(batch)
     for prediction, row in zip(predictions, batch):
@@ -75,26 +51,26 @@ def test_a_batch_comes_back_parsed_or_as_explicit_failures(trained, episode_rows
     assert sum(p.ok for p in predictions) >= len(batch) // 2, [p.error for p in predictions]
 
 
-def test_an_untrained_model_fails_explicitly(trained, episode_rows):
+def test_an_untrained_model_fails_explicitly(tiny_experience, first_episode):
     from dreamgym.experience.model import init_model
 
-    _, tokenizer = load_experience_model(trained.model_dir)
+    _, tokenizer = load_experience_model(tiny_experience.model_dir)
     untrained = init_model(tokenizer, TINY, seed=1)
     experience = ExperienceModel(untrained, tokenizer, dataclasses.replace(TINY, max_new_tokens=16))
-    predictions = experience.predict(_queries(episode_rows[:4]))
+    predictions = experience.predict(_queries(first_episode[:4]))
     assert not any(p.ok for p in predictions)
     assert all(p.error and p.attempts == TINY.retries + 1 for p in predictions)
 
 
-def test_fidelity_report_on_real_transitions(trained, episode_rows):
-    model, tokenizer = load_experience_model(trained.model_dir)
-    settings = trained_settings(trained.model_dir, dataclasses.replace(TINY, history=3))
-    assert settings.history == TINY.history  # the prompt shape it was trained with wins
-    report = evaluate(ExperienceModel(model, tokenizer, settings), episode_rows, horizon=3)
+def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
+    model, tokenizer = load_experience_model(tiny_experience.model_dir)
+    settings = trained_settings(tiny_experience.model_dir, dataclasses.replace(TINY, history=3))
+    assert settings.history == TINY.history  # the prompt shape it was tiny_experience with wins
+    report = evaluate(ExperienceModel(model, tokenizer, settings), first_episode, horizon=3)
     summary = report.summary
-    assert summary["transitions"] == len(episode_rows) == len(report.records)
+    assert summary["transitions"] == len(first_episode) == len(report.records)
     failures = sum(not r["parsed"] for r in report.records)
-    assert summary["parse_failure_rate"] == pytest.approx(failures / len(episode_rows))
+    assert summary["parse_failure_rate"] == pytest.approx(failures / len(first_episode))
     # Exact matches are matches on every field.
     for record in report.records:
         if record["exact_match"]:
@@ -105,7 +81,7 @@ def test_fidelity_report_on_real_transitions(trained, episode_rows):
     assert summary["next_state_exact_match"] >= 0.5
 
 
-def test_removals_are_constrained_to_items_the_state_has(trained):
+def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
     from dreamgym.experience.constrain import RemovalConstraint, allowed_removals
 
     state = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), ("carrot",),
@@ -115,7 +91,7 @@ def test_removals_are_constrained_to_items_the_state_has(trained):
         "kn", ["knife (on table); ", "table; ", "knife (on table)\n", "table\n"])
     assert allowed_removals(state, "<next_state>\nvisible: +kn") is None  # additions are free
     assert allowed_removals(state, "<next_state>\nvisible: -a\n</next_state>\n<reward>") is None
-    _, tokenizer = load_experience_model(trained.model_dir)
+    _, tokenizer = load_experience_model(tiny_experience.model_dir)
     torch.manual_seed(0)
     for written in ("<next_state>\ninventory: -", "<next_state>\nvisible: -fridge (closed); -k"):
         text = written
