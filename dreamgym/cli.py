@@ -311,6 +311,68 @@ def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
     Console(soft_wrap=True).print(result["table"])
 
 
+@app.command("eval")
+def policy_eval(
+    policy: Annotated[str, typer.Option(help="A policy folder, models:/name/version, models:/name@alias, "
+                                             "or a registered name (its latest version).")],
+    games: Annotated[Path, typer.Option(help="Folder of held-out games (e.g. data/games/test); the "
+                                             "first evaluation.games of them, sorted (0: all).")],
+    json_out: Annotated[Path, typer.Option("--json", help="Where to write the report; the per-episode "
+                                                          "table goes beside it as <name>.episodes.csv.")],
+    episodes_per_game: Annotated[int | None, typer.Option(help="Episodes per game [default: "
+                                                               "evaluation.episodes_per_game].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the sampled actions [default: params seed].")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Step limit per episode [default: "
+                                                       "evaluation.max_steps].")] = None,
+    sample: Annotated[bool | None, typer.Option("--sample/--greedy", help="Sample actions (seeded) or take "
+                                                                        "the most likely [default: "
+                                                                        "evaluation.greedy].")] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Success rate of a policy in the real game on held-out games, with its 95% interval."""
+    import mlflow  # noqa: PLC0415
+
+    from dreamgym.data.games import list_games  # noqa: PLC0415
+    from dreamgym.evaluation import (  # noqa: PLC0415
+        episodes_path, evaluate_policy, log_evaluation, write_episodes, write_json)
+    from dreamgym.policy.model import load_policy  # noqa: PLC0415
+    from dreamgym.registry import resolve_model  # noqa: PLC0415
+    from dreamgym.tracking import configure_services, experiment_id, git_commit  # noqa: PLC0415
+
+    config = _config(params, {"evaluation.episodes_per_game": episodes_per_game, "seed": seed,
+                              "evaluation.max_steps": max_steps,
+                              "evaluation.greedy": None if sample is None else not sample})
+    settings = config.evaluation
+    project = params.resolve().parent
+    run_dir = project / config.paths.run_dir
+    game_files = list_games(games)[:settings.games or None]
+    if not policy.startswith("models:/") and "/" in policy and not Path(policy).is_dir():  # a path, not a name
+        raise DreamgymError(f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
+                            "give a registered one, e.g. models:/dreamgym-policy@champion")
+    configure_services(run_dir)
+    policy_dir, label = resolve_model(policy, run_dir / "models")
+    agent = load_policy(policy_dir, config.policy)
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
+    with mlflow.start_run(run_name="policy-eval"):
+        mlflow.set_tags({"dreamgym.stage": "policy-eval", "dreamgym.policy": label,
+                         "dreamgym.eval_games": str(games.resolve()), "dreamgym.git_commit": git_commit(project)})
+        mlflow.log_params({"games": len(game_files), "episodes_per_game": settings.episodes_per_game,
+                           "seed": config.seed, "max_steps": settings.max_steps, "greedy": settings.greedy})
+        report = evaluate_policy(agent, game_files, settings.episodes_per_game, config.seed, settings.max_steps,
+                                 greedy=settings.greedy, progress=True)
+        write_json({"policy": label, "games": len(game_files), "seed": config.seed,
+                    "episodes_per_game": settings.episodes_per_game, "max_steps": settings.max_steps,
+                    "greedy": settings.greedy, **report.summary}, json_out)
+        write_episodes(report.records, episodes_path(json_out))
+        log_evaluation(report, json_out)
+    summary = report.summary
+    lo, hi = summary["ci95"]
+    console.print(f"{label}: success {summary['success_rate']:.1%} (95% CI {lo:.1%}-{hi:.1%}) over "
+                  f"{summary['episodes']} episodes on {len(game_files)} games, mean return "
+                  f"{summary['mean_return']:.2f}, mean steps {summary['mean_steps']:.1f}, "
+                  f"{summary['real_transitions']} real transitions → {json_out}", markup=False)
+
+
 def main() -> None:
     try:
         app()

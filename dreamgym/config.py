@@ -230,6 +230,93 @@ class CurriculumConfig:
 
 
 @dataclass(config=_STRICT)
+class PolicyConfig:
+    """The agent's causal LM (`dreamgym/policy/`) and its behaviour-cloning warm start."""
+
+    history: Annotated[int, _help("Previous actions of the episode shown in the prompt.", ge=0, le=50)] = 2
+    mode: Annotated[Literal["choice", "generate"], _help(
+        "'choice': score every available action by its log-likelihood and sample from the softmax "
+        "over them (exact log-probs, valid actions by construction); 'generate': free text, for "
+        "large instruction models (an unavailable action changes nothing, as in the game).")] = "choice"
+    max_new_tokens: Annotated[int, _help("mode generate: longest action generated.", ge=1)] = 16
+    action_score: Annotated[Literal["mean", "sum"], _help(
+        "mode choice: an action's score is the 'mean' or the 'sum' of its tokens' log-likelihoods. "
+        "'sum' makes an untrained model pick the shortest action almost surely (every token costs "
+        "~log(vocabulary) nats), so RL never sees a success to learn from; 'mean' starts it near "
+        "uniform over the available actions.")] = "mean"
+    # Model (the same fields as the experience model's, for the same trainer)
+    model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
+                                "a tokenizer and small Llama trained on the BC examples.", min_length=1)] = "from_scratch"
+    vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 1024
+    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 128
+    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 2
+    heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
+    max_length: Annotated[int, _help("Longest prompt + action in tokens; longer prompts lose their "
+                                     "start (the task instruction and state come last).", ge=64)] = 768
+    # Behaviour cloning (TRL SFTTrainer on successful real trajectories)
+    epochs: Annotated[float, _help("BC passes over the successful real transitions.", gt=0)] = 3.0
+    batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1)] = 16
+    learning_rate: Annotated[float, _help("BC peak learning rate.", gt=0)] = 1e-3
+    warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1)] = 0.05
+    save_steps: Annotated[int, _help("BC checkpoint interval in steps.", ge=1)] = 200
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+
+
+@dataclass(config=_STRICT)
+class RLConfig:
+    """Reinforcement learning of the policy (`dreamgym/rl/`), in DreamEnv or the real game."""
+
+    algorithm: Annotated[Literal["grpo", "ppo"], _help("'grpo': groups of rollouts per task, "
+                                                       "group-normalised episode advantages; 'ppo': value "
+                                                       "head and GAE.")] = "grpo"
+    env: Annotated[Literal["dream", "real"], _help(
+        "Where the policy learns: 'dream' in DreamEnv (the experience model, no real transitions) "
+        "with the curriculum; 'real' in the TextWorld training games, up to real_budget transitions.")] = "dream"
+    reward: Annotated[Literal["outcome", "score"], _help(
+        "'outcome': 1 at the end of a won episode, else 0 (the paper's choice); 'score': the "
+        "game's score increases (the env's step rewards).")] = "outcome"
+    epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 4
+    group_size: Annotated[int, _help("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
+    max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 30
+    learning_rate: Annotated[float, _help("Adam learning rate of the RL updates.", gt=0)] = 1e-3
+    update_epochs: Annotated[int, _help("Passes over each epoch's rollouts.", ge=1)] = 2
+    minibatch_size: Annotated[int, _help("Decisions per gradient step.", ge=1)] = 64
+    clip: Annotated[float, _help("ε of the clipped probability ratio (and of PPO's value clip).",
+                                 gt=0, lt=1)] = 0.2
+    kl_coef: Annotated[float, _help("β: weight of KL(policy || reference BC policy).", ge=0)] = 0.05
+    entropy_coef: Annotated[float, _help("Weight of the entropy bonus.", ge=0)] = 0.01
+    gamma: Annotated[float, _help("PPO discount γ.", ge=0, le=1)] = 0.99
+    lam: Annotated[float, _help("PPO GAE λ.", ge=0, le=1)] = 0.95
+    value_coef: Annotated[float, _help("PPO value-loss weight.", ge=0)] = 0.5
+    max_grad_norm: Annotated[float, _help("Gradient norm clip.", gt=0)] = 1.0
+    temperature: Annotated[float, _help(
+        "Softmax temperature of the action choice during rollouts (and in the losses). With "
+        "policy.action_score mean, scores lie within a few nats of each other, so 1 is close to "
+        "uniform even for a trained policy; 0.25 keeps exploring without ignoring what it knows.",
+        gt=0)] = 0.25
+    real_budget: Annotated[int, _help(
+        "env real: the run stops after this many real transitions (counted, logged).", ge=1)] = 3000
+    s2r_budget: Annotated[int, _help(
+        "Sim-to-real: after RL in DreamEnv, RL in the real training games for this many real "
+        "transitions (0: off).", ge=0)] = 0
+    write_back: Annotated[bool, _help("Write DreamEnv's synthetic transitions into the buffer.")] = True
+
+
+@dataclass(config=_STRICT)
+class EvaluationConfig:
+    """Real-environment evaluation of policies on the held-out (test split) games."""
+
+    games: Annotated[int, _help("Test-split games evaluated (0: all of them).", ge=0)] = 40
+    episodes_per_game: Annotated[int, _help("Episodes per game (greedy episodes repeat exactly; "
+                                            "more only help when sampling).", ge=1)] = 1
+    max_steps: Annotated[int, _help("Steps before an evaluation episode is truncated.", ge=1, le=1000)] = 50
+    greedy: Annotated[bool, _help("Take the most likely action (else sample, seeded).")] = True
+
+
+@dataclass(config=_STRICT)
 class PathsConfig:
     """Where things live, relative to the project directory unless absolute."""
 
@@ -253,6 +340,9 @@ class PipelineConfig:
     buffer: BufferConfig = dataclasses.field(default_factory=BufferConfig)
     experience: ExperienceConfig = dataclasses.field(default_factory=ExperienceConfig)
     curriculum: CurriculumConfig = dataclasses.field(default_factory=CurriculumConfig)
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+    evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
 
 
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:

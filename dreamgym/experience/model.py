@@ -38,11 +38,13 @@ from transformers import (
     set_seed,
 )
 
-from dreamgym.config import ExperienceConfig
+from dreamgym.config import ExperienceConfig, PolicyConfig
 from dreamgym.errors import DreamgymError
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 FROM_SCRATCH = "from_scratch"
+# The experience model and the policy are sized and trained by the same fields.
+ModelSettings = ExperienceConfig | PolicyConfig
 
 
 class ModelNotFoundError(DreamgymError):
@@ -81,7 +83,7 @@ def _intermediate_size(hidden_size: int) -> int:
     return max(64, round(hidden_size * 8 / 3 / 64) * 64)
 
 
-def init_model(tokenizer: PreTrainedTokenizerBase, config: ExperienceConfig, seed: int) -> LlamaForCausalLM:
+def init_model(tokenizer: PreTrainedTokenizerBase, config: ModelSettings, seed: int) -> LlamaForCausalLM:
     """A randomly initialised small Llama sized by `config`; the same seed gives the same weights."""
     model_config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=config.hidden_size,

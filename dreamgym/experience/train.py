@@ -44,10 +44,10 @@ from transformers import (
     TrainerCallback,
 )
 
-from dreamgym.config import ExperienceConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.model import (
     FROM_SCRATCH,
+    ModelSettings,
     init_model,
     load_pretrained,
     save_experience_model,
@@ -162,7 +162,7 @@ def _digest(examples: Sequence[dict[str, str]] | None) -> str | None:
 
 
 def _run_identity(examples: Sequence[dict[str, str]], eval_examples: Sequence[dict[str, str]] | None,
-                  config: ExperienceConfig, seed: int) -> dict[str, Any]:
+                  config: ModelSettings, seed: int) -> dict[str, Any]:
     settings = {name: getattr(config, name) for name in TRAINING_FIELDS}
     return {"examples": _digest(examples), "eval_examples": _digest(eval_examples),
             "settings": {**settings, "seed": seed}}
@@ -213,7 +213,7 @@ def _checkpoint_step(checkpoint: Path | None) -> int | None:
 
 # --- model and trainer --------------------------------------------------------------------------
 
-def _model_and_tokenizer(examples: Sequence[dict[str, str]], config: ExperienceConfig, seed: int,
+def _model_and_tokenizer(examples: Sequence[dict[str, str]], config: ModelSettings, seed: int,
                          checkpoint: Path | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """From scratch, the tokenizer learns from the training examples only (the test split never
     leaks into the vocabulary); on resume it comes from the checkpoint, exactly as it was."""
@@ -227,7 +227,7 @@ def _model_and_tokenizer(examples: Sequence[dict[str, str]], config: ExperienceC
     return init_model(tokenizer, config, seed), tokenizer
 
 
-def _sft_config(config: ExperienceConfig, output_dir: Path, seed: int, has_eval: bool,
+def _sft_config(config: ModelSettings, output_dir: Path, seed: int, has_eval: bool,
                 progress: bool) -> SFTConfig:
     """TRL settings. Some TRL defaults are wrong for us and set explicitly: bf16 (TRL turns it on
     even on CPU, where it is slow), activation checkpointing (TRL turns it on; a from-scratch
@@ -362,7 +362,7 @@ def _run_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tra
     return trainer
 
 
-def train_sft(examples: Sequence[dict[str, str]], config: ExperienceConfig, output_dir: Path, seed: int,
+def train_sft(examples: Sequence[dict[str, str]], config: ModelSettings, output_dir: Path, seed: int,
               eval_examples: Sequence[dict[str, str]] | None = None, resume: bool = True,
               progress: bool = True, log_to_mlflow: bool = False,
               callbacks: Sequence[TrainerCallback] = ()) -> TrainResult:

@@ -1,0 +1,166 @@
+"""Real-environment evaluation of a policy: play held-out TextWorld games, report success.
+
+Every game is played `episodes_per_game` times in the real game (TextWorld), in batches of
+episodes side by side through `dreamgym.rl.rollout.play`, each batch slot with its own
+`TextWorldEnv` reused from batch to batch. One `torch.Generator` seeded from `seed` drives
+every sampled action, so the same policy, games, seed, batch size and step limit give the same
+report, also when sampling (`greedy=False`). Greedy episodes of one game repeat exactly, so
+`episodes_per_game > 1` only adds information when sampling.
+
+Report (`EvaluationReport.summary`):
+
+    episodes          games × episodes_per_game
+    wins              episodes won
+    success_rate      wins / episodes
+    ci95              [lo, hi]: the Wilson score interval of the success rate (z = 1.96)
+    mean_return       mean over episodes of the sum of the game's step rewards (score gained)
+    mean_steps        mean episode length
+    real_transitions  real-environment steps played (the sum of the episode lengths)
+
+and one record per episode (`EvaluationReport.records`): game, task_id, episode, won,
+truncated, return, steps, and the actions taken joined by " | ".
+
+Launch: `dreamgym eval --policy models:/dreamgym-policy@champion --games data/games/test
+--json outputs/eval/policy.json` (see `dreamgym eval --help`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.errors import DreamgymError
+from dreamgym.policy.model import Policy
+from dreamgym.rl.rollout import Episode, RealBudget, play
+
+EPISODE_COLUMNS = ("game", "task_id", "episode", "won", "truncated", "return", "steps", "actions")
+ACTION_SEPARATOR = " | "
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval for a success rate of `successes` out of `n` trials.
+
+    Unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or n successes
+    (0/10 -> (0, 0.2775)). With no trials nothing is known: n = 0 gives (0.0, 1.0).
+    """
+    if n < 0 or not 0 <= successes <= max(n, 0):
+        raise ValueError(f"need 0 <= successes <= n, got {successes} successes of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    z2 = z * z
+    denominator = 1 + z2 / n
+    centre = (p + z2 / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
+    # Clamped: at 0 or n successes the bound is exactly 0 or 1, up to rounding.
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    summary: dict
+    records: list[dict]
+
+
+def episode_record(game: Path, episode_index: int, episode: Episode) -> dict:
+    """One row of the per-episode table."""
+    return {"game": game.name, "task_id": episode.task.task_id, "episode": episode_index,
+            "won": episode.won, "truncated": episode.truncated, "return": episode.episode_return("score"),
+            "steps": episode.steps,
+            "actions": ACTION_SEPARATOR.join(decision.action for decision in episode.decisions)}
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """The report's figures from its per-episode records."""
+    n = len(records)
+    wins = sum(bool(record["won"]) for record in records)
+    steps = sum(record["steps"] for record in records)
+    lo, hi = wilson_interval(wins, n)
+    return {"episodes": n, "wins": wins, "success_rate": wins / n if n else 0.0, "ci95": [lo, hi],
+            "mean_return": sum(record["return"] for record in records) / n if n else 0.0,
+            "mean_steps": steps / n if n else 0.0, "real_transitions": steps}
+
+
+def evaluate_policy(policy: Policy, games: Sequence[str | Path], episodes_per_game: int, seed: int,
+                    max_steps: int, greedy: bool = True, batch: int = 16,
+                    progress: bool = True) -> EvaluationReport:
+    """Play every game `episodes_per_game` times in the real game; see the module docstring.
+
+    Sampled episodes depend on the batch size too (the batch's actions are drawn in turn from
+    one generator): compare sampled evaluations run with the same `batch`.
+    """
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    if episodes_per_game < 1 or batch < 1:
+        raise ValueError(f"episodes_per_game and batch must be at least 1, got {episodes_per_game} and {batch}")
+    games = [Path(game) for game in games]
+    if not games:
+        raise DreamgymError("no games to evaluate on; generate held-out games with "
+                            "`dreamgym games --split test`")
+    plan = [(game, load_task(game), index) for game in games for index in range(episodes_per_game)]
+    generator = torch.Generator().manual_seed(seed)
+    envs = [TextWorldEnv(max_steps=max_steps) for _ in range(min(batch, len(plan)))]
+    records = []
+    was_training = policy.training
+    policy.eval()
+    try:
+        with tqdm(total=len(plan), desc="policy eval", unit="episode", disable=not progress) as bar:
+            for start in range(0, len(plan), batch):
+                chunk = plan[start:start + batch]
+                played = play(policy, envs[:len(chunk)], [task for _, task, _ in chunk], greedy=greedy,
+                              generator=generator, budget=RealBudget(None))
+                records += [episode_record(game, index, episode)
+                            for (game, _, index), episode in zip(chunk, played, strict=True)]
+                bar.update(len(chunk))
+    finally:
+        policy.train(was_training)
+        for env in envs:
+            env.close()
+    return EvaluationReport(summarize(records), records)
+
+
+def episodes_path(json_path: str | Path) -> Path:
+    """Where the per-episode table of a report written to `json_path` goes: `x.json` -> `x.episodes.csv`."""
+    return Path(json_path).with_suffix(".episodes.csv")
+
+
+def write_json(values: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(values, indent=2) + "\n")
+    return path
+
+
+def write_episodes(records: Sequence[dict], path: str | Path) -> Path:
+    """The per-episode table as CSV (one row per episode, `EPISODE_COLUMNS`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=EPISODE_COLUMNS)
+        writer.writeheader()
+        writer.writerows(records)
+    return path
+
+
+def evaluation_metrics(summary: dict, prefix: str = "eval_") -> dict[str, float]:
+    """The summary as flat MLflow metrics (ci95 as `ci95_low` / `ci95_high`)."""
+    lo, hi = summary["ci95"]
+    metrics = {key: float(value) for key, value in summary.items() if isinstance(value, int | float)}
+    return {f"{prefix}{key}": value for key, value in {**metrics, "ci95_low": lo, "ci95_high": hi}.items()}
+
+
+def log_evaluation(report: EvaluationReport, json_path: str | Path, prefix: str = "eval_") -> None:
+    """Log the report's metrics and its two files, already written (`json_path` and the table
+    beside it, `episodes_path`), to the active MLflow run under `evaluation/`."""
+    import mlflow  # noqa: PLC0415
+
+    mlflow.log_metrics(evaluation_metrics(report.summary, prefix))
+    mlflow.log_artifact(str(json_path), artifact_path="evaluation")
+    mlflow.log_artifact(str(episodes_path(json_path)), artifact_path="evaluation")
