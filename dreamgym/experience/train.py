@@ -301,7 +301,7 @@ def _history(log_history: list[dict[str, Any]], key: str) -> list[tuple[int, flo
 
 
 @contextlib.contextmanager
-def _progress_bars(enabled: bool) -> Iterator[None]:
+def progress_bars(enabled: bool) -> Iterator[None]:
     """TRL's dataset preparation (`datasets`) and checkpoint writing (`transformers`) show their
     own progress bars; silence them on request and restore the previous setting afterwards."""
     import datasets  # noqa: PLC0415 - slow import
@@ -390,7 +390,7 @@ def train_sft(examples: Sequence[dict[str, str]], config: ModelSettings, output_
     eval_rows = fit_examples(eval_examples, tokenizer, config.max_length)[0] if eval_examples else None
     throughput = _Throughput()
     extra = [_MlflowMetrics()] if log_to_mlflow else []
-    with _progress_bars(progress):
+    with progress_bars(progress):
         args = _sft_config(config, output_dir, seed, eval_rows is not None, progress)
         trainer = _run_trainer(model, tokenizer, train_rows, eval_rows, args, checkpoint,
                                [throughput, *extra, *callbacks])

@@ -65,6 +65,6 @@ class GRPO:
         surrogate = clipped_surrogate(terms.logp, terms.old_logp, advantages, self.config.clip)
         loss = weighted_mean(surrogate + self.config.kl_coef * terms.kl - self.config.entropy_coef * terms.entropy,
                              samples)
-        return loss, {"policy_loss": float(surrogate.mean()), "kl": float(terms.kl.mean()),
-                      "entropy": float(terms.entropy.mean()),
-                      "clip_fraction": float(clip_fraction(terms.logp, terms.old_logp, self.config.clip))}
+        return loss, {"policy_loss": surrogate.mean().item(), "kl": terms.kl.mean().item(),
+                      "entropy": terms.entropy.mean().item(),
+                      "clip_fraction": clip_fraction(terms.logp.detach(), terms.old_logp, self.config.clip).item()}

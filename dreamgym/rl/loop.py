@@ -41,6 +41,7 @@ from dreamgym.curriculum import Curriculum
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.train import progress_bars
 from dreamgym.policy.model import Policy, load_policy
 from dreamgym.rl.common import Sample
 from dreamgym.rl.grpo import GRPO
@@ -158,7 +159,7 @@ def _update(policy: Policy, reference: Policy | None, algorithm: GRPO | PPO, sam
             loss.backward()
             metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm))
             optimizer.step()
-            metrics["loss"] = float(loss)
+            metrics["loss"] = loss.item()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
             steps += 1
@@ -189,8 +190,16 @@ def train_rl(start_policy: str | Path, make_env: Callable[[int], Env], curriculu
     transitions (None: no cap, for synthetic environments). `on_epoch` gets each epoch's metrics
     (e.g. to log them); `on_transitions` gets DreamEnv's synthetic transitions (the write-back).
     """
+    with progress_bars(False):  # transformers' bars on every checkpoint save and load are noise here
+        return _train_rl(Path(start_policy), make_env, curriculum, config, Path(output_dir), seed,
+                         real_budget, on_epoch, on_transitions, progress)
+
+
+def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Curriculum, config: RLConfig,
+              output_dir: Path, seed: int, real_budget: int | None,
+              on_epoch: Callable[[dict[str, float]], None] | None,
+              on_transitions: Callable[[list[dict]], None] | None, progress: bool) -> RLResult:
     started = time.perf_counter()
-    start_policy, output_dir = Path(start_policy), Path(output_dir)
     identity = {"settings": config_to_dict(config), "seed": seed, "start_policy": _policy_digest(start_policy),
                 "real_budget": real_budget,
                 "tasks": _digest(json.dumps(sorted(task.task_id for task in curriculum.seeds)))}

@@ -84,6 +84,6 @@ class PPO:
         value_loss = clipped_value_loss(terms.values, old_values, targets, self.config.clip)
         loss = (surrogate + self.config.value_coef * value_loss + self.config.kl_coef * terms.kl
                 - self.config.entropy_coef * terms.entropy).mean()
-        return loss, {"policy_loss": float(surrogate.mean()), "value_loss": float(value_loss.mean()),
-                      "kl": float(terms.kl.mean()), "entropy": float(terms.entropy.mean()),
-                      "clip_fraction": float(clip_fraction(terms.logp, terms.old_logp, self.config.clip))}
+        return loss, {"policy_loss": surrogate.mean().item(), "value_loss": value_loss.mean().item(),
+                      "kl": terms.kl.mean().item(), "entropy": terms.entropy.mean().item(),
+                      "clip_fraction": clip_fraction(terms.logp.detach(), terms.old_logp, self.config.clip).item()}

@@ -1,0 +1,310 @@
+"""The policy model on a tiny from-scratch Llama (random weights, no training, no fixtures from
+conftest): batched action scoring against naive full-sequence scoring, the choice distribution,
+acting, the value head, save/load, and the behaviour-cloning examples."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from dreamgym.config import PolicyConfig
+from dreamgym.errors import DreamgymError
+from dreamgym.experience.model import init_model, train_tokenizer
+from dreamgym.policy.bc import bc_examples, initial_policy
+from dreamgym.policy.model import (
+    SETTINGS_FILE,
+    VALUE_HEAD_FILE,
+    Observation,
+    Policy,
+    PolicyError,
+    action_completion,
+    load_policy,
+    policy_prompt,
+)
+from dreamgym.state import parse_state
+
+KITCHEN = "location: kitchen\nvisible: apple\ninventory:\nactions: eat apple; go north; take apple"
+HALL = ("location: hall\nvisible: wooden door (closed)\ninventory: brass key\n"
+        "actions: drop brass key; go south; open wooden door with brass key")
+ACTIONS = ("eat apple", "go north", "take apple", "drop brass key", "go south", "open wooden door with brass key")
+CONFIG = PolicyConfig(vocab_size=400, hidden_size=32, layers=1, heads=2, max_length=256, action_score="sum")
+
+# Two prompts of different lengths (left padding) and candidates of different token lengths
+# ("examine the rusty old cabinet" has words the tokenizer never saw: many byte-level tokens).
+PROMPTS = [policy_prompt("eat the apple", [], KITCHEN),
+           policy_prompt("open the wooden door in the hall", ["go north", "take brass key"], HALL)]
+CANDIDATES = [("eat apple", "go north", "take apple", "examine the rusty old cabinet"),
+              ("go south", "open wooden door with brass key")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A 32-wide model gains nothing from intra-op threads, and on a busy machine their spin-waits
+    make each forward pass ~100× slower; restored after this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = PROMPTS + [policy_prompt("go north", ["eat apple"], KITCHEN)] + [action_completion(a) for a in ACTIONS]
+    return train_tokenizer(texts * 2, CONFIG.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return init_model(tokenizer, CONFIG, 0).eval()
+
+
+def make_policy(model, tokenizer, **changes) -> Policy:
+    return Policy(model, tokenizer, dataclasses.replace(CONFIG, **changes))
+
+
+@pytest.fixture(scope="module")
+def policy(model, tokenizer) -> Policy:
+    return make_policy(model, tokenizer)
+
+
+def naive_score(policy: Policy, prompt: str, action: str) -> tuple[float, int]:
+    """Sum of the action's token log-probs (EOS included) from one unpadded forward pass over
+    prompt + action, and the number of action tokens."""
+    tokenizer = policy.tokenizer
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    action_ids = tokenizer(action_completion(action), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        logits = policy.model(input_ids=torch.tensor([prompt_ids + action_ids])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    # token k of the action sits at position len(prompt)+k and is predicted by position len(prompt)+k-1
+    total = sum(float(logprobs[len(prompt_ids) - 1 + k, token]) for k, token in enumerate(action_ids))
+    return total, len(action_ids)
+
+
+def test_the_test_inputs_exercise_padding(policy):
+    prompt_lengths = {len(policy.tokenizer(prompt)["input_ids"]) for prompt in PROMPTS}
+    action_lengths = {len(policy.tokenizer(action_completion(a), add_special_tokens=False)["input_ids"])
+                      for options in CANDIDATES for a in options}
+    assert len(prompt_lengths) == 2 and len(action_lengths) >= 2
+    for state in (KITCHEN, HALL):
+        parse_state(state)  # valid abstract states
+
+
+def test_score_actions_sum_equals_naive_scoring(policy):
+    with torch.no_grad():
+        scores, values = policy.score_actions(PROMPTS, CANDIDATES)
+    assert values is None
+    expected = [naive_score(policy, prompt, action)[0] for prompt, options in zip(PROMPTS, CANDIDATES)
+                for action in options]
+    assert scores.shape == (6,)  # 4 + 2 candidates, flattened in order
+    assert scores.tolist() == pytest.approx(expected, abs=1e-4)
+
+
+def test_score_actions_mean_divides_by_the_action_tokens_eos_included(model, tokenizer):
+    mean_policy = make_policy(model, tokenizer, action_score="mean")
+    with torch.no_grad():
+        scores, _ = mean_policy.score_actions(PROMPTS, CANDIDATES)
+    expected = []
+    for prompt, options in zip(PROMPTS, CANDIDATES):
+        for action in options:
+            total, count = naive_score(mean_policy, prompt, action)
+            expected.append(total / count)
+    assert scores.tolist() == pytest.approx(expected, abs=1e-4)
+
+
+def test_score_actions_does_not_depend_on_the_batch(policy):
+    with torch.no_grad():
+        together, _ = policy.score_actions(PROMPTS, CANDIDATES)
+        second_alone, _ = policy.score_actions(PROMPTS[1:], CANDIDATES[1:])
+    assert second_alone.tolist() == pytest.approx(together[4:].tolist(), abs=1e-4)
+
+
+def test_score_actions_needs_a_candidate_per_prompt(policy):
+    with pytest.raises(PolicyError):
+        policy.score_actions(PROMPTS, [CANDIDATES[0], ()])
+    with pytest.raises(PolicyError):
+        policy.score_actions(PROMPTS, CANDIDATES[:1])
+
+
+def test_log_probs_are_a_log_softmax_per_prompt(policy):
+    with torch.no_grad():
+        scores, _ = policy.score_actions(PROMPTS, CANDIDATES)
+        distributions, _ = policy.log_probs(PROMPTS, CANDIDATES)
+        cooled, _ = policy.log_probs(PROMPTS, CANDIDATES, temperature=0.5)
+    assert [len(d) for d in distributions] == [4, 2]
+    for distribution in distributions + cooled:
+        assert float(distribution.exp().sum()) == pytest.approx(1.0, abs=1e-5)
+    # temperature 0.5: softmax(scores / 0.5) within each prompt's candidates
+    for distribution, part in zip(cooled, torch.split(scores, [4, 2])):
+        expected = torch.softmax(part / 0.5, dim=0)
+        assert distribution.exp().tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    # temperature 1: softmax(scores); e.g. two candidates: log π(a0) = -log(1 + exp(s1 - s0))
+    s0, s1 = scores[4:].tolist()
+    assert float(distributions[1][0]) == pytest.approx(-torch.log1p(torch.tensor(s1 - s0).exp()).item(), abs=1e-5)
+
+
+def observations() -> list[Observation]:
+    return [Observation("eat the apple", (), KITCHEN),
+            Observation("open the wooden door in the hall", ("look", "go north", "take brass key"), HALL)]
+
+
+def test_act_greedy_picks_the_argmax(policy):
+    decisions = policy.act(observations(), greedy=True)
+    assert [d.candidates for d in decisions] == [("eat apple", "go north", "take apple"),
+                                                 ("drop brass key", "go south", "open wooden door with brass key")]
+    # history 2 (the default): only the last two recent actions are in the prompt
+    assert decisions[1].prompt == policy_prompt("open the wooden door in the hall", ["go north", "take brass key"],
+                                                HALL)
+    with torch.no_grad():
+        distributions, _ = policy.log_probs([d.prompt for d in decisions], [d.candidates for d in decisions])
+    for decision, distribution in zip(decisions, distributions):
+        assert decision.chosen == int(torch.argmax(distribution))
+        assert decision.logprob == pytest.approx(float(distribution[decision.chosen]), abs=1e-5)
+        assert decision.value is None
+
+
+def test_act_sampling_is_reproducible_and_valid(policy):
+    def draw(seed: int):
+        return policy.act(observations() * 3, generator=torch.Generator().manual_seed(seed))
+
+    first = draw(7)
+    assert [d.chosen for d in first] == [d.chosen for d in draw(7)]
+    chosen = set()
+    for seed in range(3):
+        decisions = draw(seed)
+        for observation, decision in zip(observations() * 3, decisions):
+            assert decision.action in parse_state(observation.state).actions
+            chosen.add(decision.action)
+        with torch.no_grad():
+            distributions, _ = policy.log_probs([d.prompt for d in decisions], [d.candidates for d in decisions])
+        for decision, distribution in zip(decisions, distributions):
+            assert decision.logprob == pytest.approx(float(distribution[decision.chosen]), abs=1e-5)
+    assert len(chosen) > 2  # near-uniform random policy: sampling does not always take the same action
+
+
+def test_act_temperature_is_used_in_the_recorded_logprob(policy):
+    decisions = policy.act(observations(), greedy=True, temperature=0.5)
+    with torch.no_grad():
+        distributions, _ = policy.log_probs([d.prompt for d in decisions], [d.candidates for d in decisions], 0.5)
+    for decision, distribution in zip(decisions, distributions):
+        assert decision.logprob == pytest.approx(float(distribution[decision.chosen]), abs=1e-5)
+
+
+def test_act_without_available_actions_looks(policy):
+    assert policy.act([]) == []
+    [decision] = policy.act([Observation("eat the apple", (), "location: kitchen\nvisible:\ninventory:\nactions:")])
+    assert decision.candidates == ("look",) and decision.action == "look"
+    assert decision.logprob == pytest.approx(0.0, abs=1e-6)  # the only candidate: probability 1
+
+
+def test_value_head(model, tokenizer):
+    policy = make_policy(model, tokenizer)
+    with pytest.raises(PolicyError, match="value head"):
+        policy.score_actions(PROMPTS, CANDIDATES, with_values=True)
+    policy.add_value_head()
+    with torch.no_grad():
+        scores, values = policy.score_actions(PROMPTS, CANDIDATES, with_values=True)
+    assert values.tolist() == [0.0, 0.0]  # zero-initialised: one value per prompt
+    assert scores.shape == (6,)
+    decisions = policy.act(observations(), greedy=True, with_values=True)
+    assert [d.value for d in decisions] == [0.0, 0.0]
+
+
+def test_save_and_load_round_trip(model, tokenizer, tmp_path):
+    policy = make_policy(model, tokenizer, history=1, action_score="sum")
+    policy.add_value_head()
+    with torch.no_grad():
+        policy.value_head.weight.normal_(generator=torch.Generator().manual_seed(0))
+        policy.value_head.bias.fill_(0.25)
+        scores, values = policy.score_actions(PROMPTS, CANDIDATES, with_values=True)
+    path = policy.save(tmp_path / "policy")
+    assert (path / VALUE_HEAD_FILE).is_file()
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    assert settings["history"] == 1 and settings["action_score"] == "sum" and settings["mode"] == "choice"
+
+    # the saved prompt settings override the config given; the rest of the config is kept
+    other = dataclasses.replace(CONFIG, history=5, action_score="mean", batch_size=3)
+    loaded = load_policy(path, other)
+    assert loaded.config.history == 1 and loaded.config.action_score == "sum"
+    assert loaded.config.batch_size == 3
+    assert not loaded.training and loaded.value_head is not None
+    with torch.no_grad():
+        loaded_scores, loaded_values = loaded.score_actions(PROMPTS, CANDIDATES, with_values=True)
+    assert loaded_scores.tolist() == pytest.approx(scores.tolist(), abs=1e-4)
+    assert loaded_values.tolist() == pytest.approx(values.tolist(), abs=1e-5)
+    assert values.tolist() != pytest.approx([0.25, 0.25])  # the head really reads the hidden state
+    assert loaded.act(observations(), greedy=True)[1].prompt == policy_prompt(
+        "open the wooden door in the hall", ["take brass key"], HALL)  # history 1 after loading
+
+
+def test_save_without_value_head_loads_without_one(model, tokenizer, tmp_path):
+    path = make_policy(model, tokenizer).save(tmp_path / "plain")
+    assert not (path / VALUE_HEAD_FILE).exists()
+    loaded = load_policy(path)
+    assert loaded.value_head is None
+    with pytest.raises(PolicyError):
+        loaded.score_actions(PROMPTS, CANDIDATES, with_values=True)
+
+
+def test_load_policy_of_an_empty_folder_fails(tmp_path):
+    with pytest.raises(DreamgymError, match="no saved policy"):
+        load_policy(tmp_path)
+
+
+# --- behaviour cloning examples -----------------------------------------------------------------
+
+def _row(trajectory: str, step: int, action: str, won: bool, source: str = "real",
+         instruction: str = "eat the apple") -> dict:
+    return {"trajectory_id": trajectory, "step": step, "instruction": instruction,
+            "state": f"state {trajectory}/{step}", "action": action, "won": won, "source": source}
+
+
+def test_bc_examples_from_won_real_trajectories_in_step_order():
+    rows = [
+        # t2: won, given out of order
+        _row("t2", 2, "eat apple", True), _row("t2", 0, "go north", False), _row("t2", 1, "take apple", False),
+        # t1: lost
+        _row("t1", 0, "go south", False), _row("t1", 1, "eat apple", False),
+        # t3: won but synthetic
+        _row("t3", 0, "eat apple", True, source="synthetic"),
+        # t0: won in one step, another task
+        _row("t0", 0, "open door", True, instruction="open the door"),
+    ]
+    examples = bc_examples(rows, history=1)
+    assert examples == [
+        # trajectories sorted by id: t0, then t2
+        {"prompt": policy_prompt("open the door", [], "state t0/0"), "completion": " open door"},
+        {"prompt": policy_prompt("eat the apple", [], "state t2/0"), "completion": " go north"},
+        {"prompt": policy_prompt("eat the apple", ["go north"], "state t2/1"), "completion": " take apple"},
+        # history 1: only the last action, not "go north | take apple"
+        {"prompt": policy_prompt("eat the apple", ["take apple"], "state t2/2"), "completion": " eat apple"},
+    ]
+    assert examples[3]["prompt"].startswith("task: eat the apple\nrecent actions: take apple\nstate t2/2\n")
+    with_two = bc_examples(rows, history=2)
+    assert with_two[3]["prompt"] == policy_prompt("eat the apple", ["go north", "take apple"], "state t2/2")
+    without = bc_examples(rows, history=0)
+    assert all("recent actions: none" in e["prompt"] for e in without)
+
+
+def test_bc_examples_of_no_won_real_episode_are_empty():
+    assert bc_examples([_row("t1", 0, "go south", False)], history=2) == []
+    assert bc_examples([], history=2) == []
+
+
+def test_initial_policy_without_examples_fails():
+    with pytest.raises(DreamgymError, match="no successful real episodes"):
+        initial_policy([], CONFIG, seed=0)
+
+
+def test_initial_policy_from_examples_is_seeded(tokenizer):
+    examples = [{"prompt": prompt, "completion": action_completion(options[0])}
+                for prompt, options in zip(PROMPTS, CANDIDATES)]
+    first, second = initial_policy(examples, CONFIG, seed=3), initial_policy(examples, CONFIG, seed=3)
+    assert not first.training
+    with torch.no_grad():
+        a, _ = first.score_actions(PROMPTS, CANDIDATES)
+        b, _ = second.score_actions(PROMPTS, CANDIDATES)
+    assert a.tolist() == pytest.approx(b.tolist(), abs=1e-6)
