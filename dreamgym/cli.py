@@ -43,18 +43,21 @@ def run(params: ParamsOption = Path("params.yaml")) -> None:
     services = configure_services(project_dir / config.paths.run_dir)
     from flows.ingest import ingest  # noqa: PLC0415 - imports Prefect, after its settings are set
     from flows.train_experience import train_experience  # noqa: PLC0415
+    from flows.train_policy import train_policy  # noqa: PLC0415
 
     summary = ingest(config, str(project_dir))
     experience = train_experience(config, summary, str(project_dir))
-    _print_run_summary(summary, experience, services)
+    policy = train_policy(config, summary, experience, str(project_dir))
+    _print_run_summary(summary, experience, policy, services)
 
 
-def _print_run_summary(summary: dict, experience: dict, services: dict[str, str]) -> None:
+def _print_run_summary(summary: dict, experience: dict, policy: dict, services: dict[str, str]) -> None:
     from flows.ingest import summary_rows  # noqa: PLC0415
     from flows.train_experience import experience_rows  # noqa: PLC0415
+    from flows.train_policy import policy_rows  # noqa: PLC0415
 
     table = Table(title="dreamgym run", show_header=False)
-    for label, value in summary_rows(summary) + experience_rows(experience):
+    for label, value in summary_rows(summary) + experience_rows(experience) + policy_rows(policy):
         table.add_row(label, value)
     out = Console(soft_wrap=True)
     out.print(table)

@@ -109,6 +109,11 @@ TINY_EXPERIENCE = {"experience.vocab_size": 512, "experience.hidden_size": 64, "
                    "experience.eval_games": 1, "experience.multi_step": 2, "experience.renamed_copies": 1,
                    "experience.variations_per_task": 1}
 
+TINY_POLICY_FLOW = {"policy.vocab_size": 400, "policy.hidden_size": 32, "policy.layers": 1, "policy.heads": 2,
+                    "policy.max_length": 512, "policy.epochs": 1.0, "rl.epochs": 1, "rl.group_size": 2,
+                    "rl.max_steps": 2, "curriculum.tasks_per_epoch": 2, "evaluation.games": 1,
+                    "evaluation.max_steps": 5}
+
 
 def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, prefect_server, mlflow_tracking):
     from flows.ingest import ingest
@@ -145,6 +150,28 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     second = train_experience(config, ingested, str(project))
     assert second["train"]["reused"] and second["model"] == first["model"]
     assert len(client.search_model_versions(f"name = '{MODEL_NAME}'")) == 1
+
+    # The policy flow on that experience model: BC -> GRPO in DreamEnv -> real evaluation -> registry.
+    from flows.train_policy import MODEL_NAME as POLICY, train_policy
+
+    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW})
+    policy = train_policy(config, ingested, second, str(project))
+    assert policy["model"] == f"models:/{POLICY}/1"
+    assert [e["name"] for e in policy["evaluations"]] == ["untrained", "bc", "dreamgym"]
+    assert all(e["episodes"] == 1 and e["real_transitions"] > 0 for e in policy["evaluations"])
+    assert policy["rl"]["epochs"] == 1 and policy["rl"]["real_transitions"] == 0
+    assert policy["rl"]["synthetic_transitions"] > 0
+    run = client.get_run(policy["mlflow_run_id"])
+    assert run.data.tags["dreamgym.experience_model"] == first["model"]
+    assert {"eval_untrained_success_rate", "eval_bc_success_rate", "eval_dreamgym_success_rate",
+            "rl_success_rate", "rl_synthetic_transitions", "rl_curriculum_entropy"} <= set(run.data.metrics)
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
+    assert any(path.endswith("learning_curves.png") for path in artifacts)
+    version = client.get_model_version(POLICY, "1")
+    assert version.tags["experience_model"] == first["model"]
+    again = train_policy(config, ingested, second, str(project))
+    assert again["rl"]["reused"] and again["model"] == policy["model"]
+    assert len(client.search_model_versions(f"name = '{POLICY}'")) == 1
 
 
 def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):

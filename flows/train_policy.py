@@ -1,0 +1,211 @@
+"""Policy flow: behaviour cloning → RL (in DreamEnv with the curriculum, or the real game) →
+optional sim-to-real → evaluation on the real held-out games → register `dreamgym-policy`.
+
+Takes what the ingest and experience flows returned (IDs and paths, not objects). The untrained
+policy (BC's starting point), the BC policy and the RL policy are evaluated alike on the same
+test-split games, so the summary compares them. Every stage writes into a folder named by what it
+depends on, so a re-run reuses finished work and a killed RL run resumes from its last epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+
+import mlflow
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from dreamgym.config import PipelineConfig, config_to_dict, flatten
+from dreamgym.curriculum import Curriculum
+from dreamgym.data.games import list_games
+from dreamgym.data.schema import read_transitions
+from dreamgym.envs.dream_env import DreamEnv
+from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.evaluation import episodes_path, evaluate_policy, evaluation_metrics, write_episodes, write_json
+from dreamgym.experience.variations import seed_tasks, variation_writer
+from dreamgym.policy.bc import bc_examples, initial_policy, train_bc
+from dreamgym.policy.model import load_policy
+from dreamgym.policy.report import plot_learning_curves, plot_success
+from dreamgym.registry import register_model_dir
+from dreamgym.rl.loop import RLResult, train_rl
+from dreamgym.tracking import experiment_id, git_commit
+from flows.ingest import markdown_table
+
+MODEL_NAME = "dreamgym-policy"
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@task(name="behaviour-cloning")
+def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
+    """BC on the successful real episodes; the untrained starting point is saved beside it."""
+    rows = read_transitions(validated).to_pylist()
+    examples = bc_examples(rows, config.policy.history)
+    untrained = Path(out_dir) / "untrained"
+    if not (untrained / "config.json").is_file():
+        initial_policy(examples, config.policy, config.seed).save(untrained)
+    result = train_bc(examples, config.policy, Path(out_dir) / "bc", config.seed, log_to_mlflow=True)
+    get_run_logger().info("BC: %d examples, %d steps (%s)", len(examples), result.steps,
+                          "reused" if result.reused else f"{result.seconds:.0f}s")
+    return {"untrained": str(untrained), "bc": str(result.model_dir), "examples": len(examples),
+            "steps": result.steps, "seconds": result.seconds, "reused": result.reused}
+
+
+def _log_epoch(prefix: str):
+    def log(metrics: dict[str, float]) -> None:
+        mlflow.log_metrics({f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"},
+                           step=int(metrics["epoch"]))
+    return log
+
+
+@task(name="rl-in-dream-env")
+def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_label: str, validated: str,
+                  run_dir: str, config: PipelineConfig) -> RLResult:
+    """RL in DreamEnv on the real initial states of the training tasks, with the curriculum and
+    its variations written by the experience model; synthetic transitions written back."""
+    from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
+    from dreamgym.buffer.store import write_back  # noqa: PLC0415
+    from dreamgym.experience.generate import open_experience_model  # noqa: PLC0415
+
+    seeds = seed_tasks(read_transitions(validated).to_pylist())
+    label = Path(out_dir).name
+    with contextlib.ExitStack() as stack:
+        experience = stack.enter_context(open_experience_model(experience_dir, run_dir, config))
+        database = experience.database
+        if config.rl.write_back and database is None:
+            database = stack.enter_context(open_migrated(run_dir, config.buffer))
+        writer = None
+        if experience.model is not None and config.experience.variations_per_task:
+            writer = variation_writer(experience.model, experience.tokenizer, config.seed)
+        curriculum = Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
+
+        def make_env(slot: int) -> DreamEnv:
+            return DreamEnv(experience, config.rl.max_steps, slot=slot, model_version=experience_label,
+                            policy=label, run_id=label, record=config.rl.write_back)
+
+        def write(rows: list[dict]) -> None:
+            written = write_back(database, rows, config.buffer)
+            get_run_logger().info("write-back: %d synthetic transitions, %d new", len(rows), written.inserted)
+
+        return train_rl(start, make_env, curriculum, config.rl, out_dir, config.seed,
+                        on_epoch=_log_epoch("rl_"), on_transitions=write if config.rl.write_back else None)
+
+
+@task(name="rl-in-real-env")
+def real_rl_task(start: str, out_dir: str, train_games_dir: str, budget: int, config: PipelineConfig,
+                 prefix: str = "rl_") -> RLResult:
+    """RL in the real training games, stopped after `budget` real transitions."""
+    seeds = [load_task(game) for game in list_games(train_games_dir)]
+    curriculum = Curriculum(seeds, config.curriculum, config.seed)  # real games: no variations
+    return train_rl(start, lambda slot: TextWorldEnv(config.rl.max_steps), curriculum, config.rl, out_dir,
+                    config.seed, real_budget=budget, on_epoch=_log_epoch(prefix))
+
+
+@task(name="evaluate-policy")
+def evaluate_task(name: str, policy_dir: str, test_games_dir: str, out_dir: str, config: PipelineConfig) -> dict:
+    """Success on the held-out games, cached by the policy's folder and the evaluation settings."""
+    games = list_games(test_games_dir)
+    games = games[:config.evaluation.games] if config.evaluation.games else games
+    settings = config_to_dict(config.evaluation)
+    path = Path(out_dir) / f"eval-{name}-{_key(policy_dir, settings, [g.name for g in games], config.seed)}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    report = evaluate_policy(load_policy(policy_dir), games, config.evaluation.episodes_per_game, config.seed,
+                             config.evaluation.max_steps, greedy=config.evaluation.greedy)
+    summary = {"name": name, "policy_dir": policy_dir, "json_path": str(path), **report.summary}
+    write_episodes(report.records, episodes_path(path))
+    write_json(summary, path)
+    get_run_logger().info("%s: success %.1f%% on %d episodes", name, 100 * summary["success_rate"], summary["episodes"])
+    return summary
+
+
+@flow(name="train-policy")
+def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summary: dict,
+                 project_dir: str = ".", register_model: bool = True) -> dict:
+    """BC → RL → (sim-to-real) → real evaluation → registry; see the module docstring."""
+    project = Path(project_dir).resolve()
+    run_dir = str(project / config.paths.run_dir)
+    data_md5 = ingest_summary["data_md5"]
+    train_games_dir = str(project / config.paths.data_dir / "games" / "train")
+    policy_settings = config_to_dict(config)["policy"]
+    bc_key = _key(data_md5, policy_settings, config.seed)
+    root = project / config.paths.outputs_dir / "policy"
+    bc_dir = root / f"bc-{bc_key}"
+    experience_label = experience_summary["model"]
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
+    with mlflow.start_run(run_name="train-policy", nested=mlflow.active_run() is not None) as run:
+        mlflow.set_tags({"dreamgym.stage": "train-policy", "git_commit": git_commit(project),
+                         "dreamgym.data_md5": data_md5, "dreamgym.experience_model": experience_label,
+                         "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
+        mlflow.log_params(flatten({key: config_to_dict(config)[key]
+                                   for key in ("policy", "rl", "curriculum", "evaluation")} | {"seed": config.seed}))
+        bc = bc_task(ingest_summary["validated_path"], str(bc_dir), config)
+
+        rl_settings = config_to_dict(config)["rl"]
+        rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real", rl_settings,
+                      config_to_dict(config)["curriculum"])
+        rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
+        if config.rl.env == "dream":
+            rl = dream_rl_task(bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"], experience_label,
+                               ingest_summary["validated_path"], run_dir, config)
+        else:
+            rl = real_rl_task(bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
+        final, real_used = rl.policy_dir, rl.real_transitions
+        curves = [plot_learning_curves(rl.history, rl_dir / "learning_curves.png",
+                                       f"{config.rl.algorithm} in {config.rl.env}")]
+        if config.rl.s2r_budget and config.rl.env == "dream":
+            s2r = real_rl_task(str(rl.policy_dir), str(root / f"s2r-{rl_key}-{config.rl.s2r_budget}"),
+                               train_games_dir, config.rl.s2r_budget, config, prefix="s2r_")
+            final, real_used = s2r.policy_dir, real_used + s2r.real_transitions
+            curves.append(plot_learning_curves(s2r.history, Path(s2r.policy_dir).parent / "learning_curves.png",
+                                               "sim-to-real: RL in the real games"))
+        for curve in curves:
+            mlflow.log_artifact(str(curve), artifact_path="policy")
+
+        test_dir = ingest_summary["test_games_dir"]
+        evals = [evaluate_task(name, str(path), test_dir, str(root), config)
+                 for name, path in (("untrained", bc["untrained"]), ("bc", bc["bc"]), ("dreamgym", str(final)))]
+        for summary in evals:
+            mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name']}_"))
+            for path in (summary["json_path"], episodes_path(summary["json_path"])):
+                mlflow.log_artifact(str(path), artifact_path="evaluation")
+        comparison = plot_success(evals, root / f"success-{rl_key}.png",
+                                  f"held-out games: {evals[0]['episodes']} episodes each")
+        mlflow.log_artifact(str(comparison), artifact_path="policy")
+        mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
+                            "rl_seconds": rl.seconds})
+        model = str(final)
+        if register_model:
+            version = register_model_dir(final, MODEL_NAME, key=f"{rl_key}-{config.rl.s2r_budget}",
+                                         tags={"data_md5": data_md5, "experience_model": experience_label,
+                                               "rl": f"{config.rl.algorithm}-{config.rl.env}",
+                                               "success_rate": f"{evals[-1]['success_rate']:.4f}",
+                                               "real_transitions": str(real_used)})
+            model = f"models:/{MODEL_NAME}/{version}"
+        mlflow.set_tag("dreamgym.policy", model)
+        result = {"mlflow_run_id": run.info.run_id, "model": model, "bc": bc,
+                  "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "reused": rl.reused,
+                         "real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
+                         "algorithm": config.rl.algorithm, "env": config.rl.env},
+                  "evaluations": evals}
+        create_markdown_artifact(key="policy-summary", description="Policies trained and evaluated",
+                                 markdown=markdown_table("Policy", policy_rows(result)))
+        return result
+
+
+def policy_rows(summary: dict) -> list[tuple[str, str]]:
+    """The flow's result as (label, value) rows: for the CLI's table and the Prefect artifact."""
+    rl = summary["rl"]
+    rows = [(f"success: {e['name']}", f"{e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
+                                      f"{e['episodes']} episodes, mean steps {e['mean_steps']:.1f})")
+            for e in summary["evaluations"]]
+    how = "reused" if rl["reused"] else f"{rl['seconds'] / 60:.1f} min"
+    rows += [("RL", f"{rl['algorithm']} in {rl['env']}: {rl['epochs']} epochs ({how}), real transitions "
+                    f"{rl['real_transitions']}, synthetic {rl['synthetic_transitions']}"),
+             ("policy", summary["model"]), ("MLflow run (policy)", summary["mlflow_run_id"])]
+    return rows
