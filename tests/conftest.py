@@ -101,6 +101,12 @@ def mlflow_tracking(tmp_path, monkeypatch) -> str:
     mlflow.set_tracking_uri(uri)
     yield uri
     mlflow.set_tracking_uri(None)
+    # set_experiment (the CLI calls it) remembers the experiment id process-wide (and in
+    # MLFLOW_EXPERIMENT_ID); a later test with another store would start runs in an id it lacks.
+    import mlflow.tracking.fluent  # noqa: PLC0415
+
+    mlflow.tracking.fluent._active_experiment_id = None
+    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
 
 
 @pytest.fixture(scope="session")
