@@ -132,8 +132,8 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
     run_dir = str(project / config.paths.run_dir)
     data_md5 = ingest_summary["data_md5"]
     train_games_dir = str(project / config.paths.data_dir / "games" / "train")
-    policy_settings = config_to_dict(config)["policy"]
-    bc_key = _key(data_md5, policy_settings, config.seed)
+    settings = config_to_dict(config)
+    bc_key = _key(data_md5, settings["policy"], config.seed)
     root = project / config.paths.outputs_dir / "policy"
     bc_dir = root / f"bc-{bc_key}"
     experience_label = experience_summary["model"]
@@ -142,13 +142,12 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         mlflow.set_tags({"dreamgym.stage": "train-policy", "git_commit": git_commit(project),
                          "dreamgym.data_md5": data_md5, "dreamgym.experience_model": experience_label,
                          "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
-        mlflow.log_params(flatten({key: config_to_dict(config)[key]
+        mlflow.log_params(flatten({key: settings[key]
                                    for key in ("policy", "rl", "curriculum", "evaluation")} | {"seed": config.seed}))
         bc = bc_task(ingest_summary["validated_path"], str(bc_dir), config)
 
-        rl_settings = config_to_dict(config)["rl"]
-        rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real", rl_settings,
-                      config_to_dict(config)["curriculum"])
+        rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real", settings["rl"],
+                      settings["curriculum"])
         rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
         if config.rl.env == "dream":
             rl = dream_rl_task(bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"], experience_label,

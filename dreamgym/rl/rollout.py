@@ -83,7 +83,7 @@ def play(policy: Policy, envs: Sequence[Env], tasks: Sequence[Task], *, greedy: 
     """Play `tasks[i]` in `envs[i]` until every episode ends (or the budget cuts it)."""
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} environments for {len(tasks)} tasks")
-    episodes, observations, states = [], [], []
+    episodes, states = [], []
     for env, task in zip(envs, tasks):
         state, _ = env.reset(task)
         episodes.append(Episode(task, real=not isinstance(env, DreamEnv)))
