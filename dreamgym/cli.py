@@ -34,35 +34,52 @@ def _config(params: Path, overrides: dict[str, Any] | None = None) -> PipelineCo
 
 
 @app.command()
-def run(params: ParamsOption = Path("params.yaml")) -> None:
+def run(params: ParamsOption = Path("params.yaml"),
+        refresh: Annotated[bool, typer.Option(help="Recompute every stage, ignoring cached results.")] = False,
+        ) -> None:
     """The main job: the whole pipeline on the configured (by default embedded) services."""
-    config = _config(params)
-    project_dir = params.resolve().parent
+    config = _config(params)  # a bad parameter file is reported before any service starts
     from dreamgym.tracking import configure_services  # noqa: PLC0415
 
-    services = configure_services(project_dir / config.paths.run_dir)
-    from flows.ingest import ingest  # noqa: PLC0415 - imports Prefect, after its settings are set
-    from flows.train_experience import train_experience  # noqa: PLC0415
-    from flows.train_policy import train_policy  # noqa: PLC0415
+    services = configure_services(params.resolve().parent / config.paths.run_dir)
+    from flows.pipeline import pipeline, pipeline_rows  # noqa: PLC0415 - imports Prefect, after its settings
 
-    summary = ingest(config, str(project_dir))
-    experience = train_experience(config, summary, str(project_dir))
-    policy = train_policy(config, summary, experience, str(project_dir))
-    _print_run_summary(summary, experience, policy, services)
-
-
-def _print_run_summary(summary: dict, experience: dict, policy: dict, services: dict[str, str]) -> None:
-    from flows.ingest import summary_rows  # noqa: PLC0415
-    from flows.train_experience import experience_rows  # noqa: PLC0415
-    from flows.train_policy import policy_rows  # noqa: PLC0415
-
+    summary = pipeline(str(params), refresh=refresh)
     table = Table(title="dreamgym run", show_header=False)
-    for label, value in summary_rows(summary) + experience_rows(experience) + policy_rows(policy):
+    for label, value in pipeline_rows(summary):
         table.add_row(label, value)
     out = Console(soft_wrap=True)
     out.print(table)
     out.print(f"MLflow UI:  mlflow ui --backend-store-uri {services['MLFLOW_TRACKING_URI']}\n"
               f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start")
+
+
+@app.command()
+def lineage(
+    model: Annotated[str, typer.Argument(help="A registered version: models:/dreamgym-policy/N, "
+                                              "models:/dreamgym-policy@champion, or a bare name (latest).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """The chain behind a model version: its run, the experience model, the data, the config."""
+    from rich.tree import Tree  # noqa: PLC0415
+
+    from dreamgym.lineage import lineage as walk  # noqa: PLC0415
+    from dreamgym.tracking import configure_services  # noqa: PLC0415
+
+    config = _config(params)
+    configure_services(params.resolve().parent / config.paths.run_dir)
+    links = walk(model)
+    if as_json:
+        print(json.dumps([{"kind": link.kind, "label": link.label, **link.facts} for link in links], indent=2))
+        return
+    root = node = Tree(f"{links[0].kind}: {links[0].label}")
+    for index, link in enumerate(links):
+        if index:
+            node = node.add(f"{link.kind}: {link.label}")
+        for key, value in link.facts.items():
+            node.add(f"{key}: {value}")
+    Console(soft_wrap=True).print(root)
 
 
 @app.command()
@@ -374,6 +391,70 @@ def policy_eval(
                   f"{summary['episodes']} episodes on {len(game_files)} games, mean return "
                   f"{summary['mean_return']:.2f}, mean steps {summary['mean_steps']:.1f}, "
                   f"{summary['real_transitions']} real transitions → {json_out}", markup=False)
+
+
+@app.command()
+def promote(
+    version: Annotated[str | None, typer.Option(help="Policy version to gate [default: the version "
+                                                     "aliased challenger].")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and print only; change nothing "
+                                                            "in the registry.")] = False,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Make a policy version champion if it beats the champion (or BC) on the held-out games by
+    more than promotion.margin, significantly (promotion.alpha); record the decision on it."""
+    from dreamgym.promotion import (  # noqa: PLC0415
+        CHALLENGER_ALIAS, POLICY_MODEL_NAME, alias_version, describe, gate, held_out_evaluator)
+    from dreamgym.tracking import configure_services  # noqa: PLC0415
+
+    config = _config(params)
+    project = params.resolve().parent
+    configure_services(project / config.paths.run_dir)
+    version = version or alias_version(POLICY_MODEL_NAME, CHALLENGER_ALIAS)
+    if version is None:
+        raise DreamgymError("no challenger; run the pipeline (dreamgym run) first")
+    decision = gate(POLICY_MODEL_NAME, version, config.promotion, evaluate=held_out_evaluator(config, project),
+                    dry_run=dry_run)
+    console.print(describe(decision, dry_run), markup=False)
+
+
+@app.command()
+def serve(
+    name: Annotated[str, typer.Option("--name", help="Deployment of prefect.yaml to serve.")] = "nightly",
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Serve a deployment of prefect.yaml from this machine, on its schedule and with its
+    parameters (no work pool or worker). Needs a Prefect server (PREFECT_API_URL): the temporary
+    one has no scheduler."""
+    import os  # noqa: PLC0415
+
+    from dreamgym.tracking import configure_services  # noqa: PLC0415
+
+    config = _config(params)
+    project = params.resolve().parent
+    services = configure_services(project / config.paths.run_dir)
+    # Prefect reads its settings at import: only now.
+    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
+
+    from dreamgym.schedule import deployment_options, load_deployment, load_flow  # noqa: PLC0415
+
+    spec = load_deployment(project, name)
+    served_params = spec.parameters.get("params")
+    if served_params is not None and (project / str(served_params)).resolve() != params.resolve():
+        raise DreamgymError(f"--params {params}: deployment {spec.name!r} runs with params="
+                            f"{served_params!r} (prefect.yaml); serve that file, or change the "
+                            "deployment's parameters in prefect.yaml")
+    if not PREFECT_API_URL.value():
+        raise DreamgymError("no Prefect server to schedule the runs (the temporary one has no scheduler): "
+                            f"start one with `PREFECT_HOME={services['PREFECT_HOME']} prefect server start`"
+                            ", then set PREFECT_API_URL=http://127.0.0.1:4200/api")
+    os.chdir(project)  # every run resolves the entrypoint and the relative params path here
+    pipeline_flow = load_flow(spec, project)
+    print(f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
+          f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
+          f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
+          flush=True)
+    pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
 
 
 def main() -> None:

@@ -317,6 +317,16 @@ class EvaluationConfig:
 
 
 @dataclass(config=_STRICT)
+class PromotionConfig:
+    """The gate a new policy version passes to become `champion` (dreamgym/promotion.py)."""
+
+    margin: Annotated[float, _help("Success-rate points (0-1) the challenger must beat the champion "
+                                   "(or BC, for the first version) by.", ge=0.0, le=1.0)] = 0.0
+    alpha: Annotated[float, _help("Significance level of the one-sided two-proportion test that the "
+                                  "challenger's success rate is higher.", gt=0.0, lt=1.0)] = 0.05
+
+
+@dataclass(config=_STRICT)
 class PathsConfig:
     """Where things live, relative to the project directory unless absolute."""
 
@@ -343,6 +353,7 @@ class PipelineConfig:
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
     evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
+    promotion: PromotionConfig = dataclasses.field(default_factory=PromotionConfig)
 
 
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:

@@ -27,6 +27,7 @@ Launch: `dreamgym eval --policy models:/dreamgym-policy@champion --games data/ga
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -61,6 +62,17 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
     # Clamped: at 0 or n successes the bound is exactly 0 or 1, up to rounding.
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def eval_set_id(game_names: Sequence[str], settings: dict, seed: int) -> str:
+    """A short id of the frozen held-out evaluation set: the games, the settings and the seed.
+
+    Two success counts are comparable (the promotion gate tests one against the other) only when
+    measured on the same set; a policy's version records this id so that a later change of games,
+    settings or seed is noticed instead of compared. The game order does not matter (sorted).
+    """
+    content = json.dumps({"games": sorted(game_names), "settings": settings, "seed": seed}, sort_keys=True)
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -60,16 +60,24 @@ def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[st
     return version.version
 
 
-def _version(client, reference: str):
+def model_version(client, reference: str):
+    """The registered version a `models:/name/version`, `models:/name@alias` or bare name (its
+    latest version) reference names."""
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
     body = reference.removeprefix("models:/")
-    if "@" in body:
-        name, alias = body.split("@", 1)
-        return client.get_model_version_by_alias(name, alias)
-    if "/" in body:
-        name, number = body.split("/", 1)
-        return client.get_model_version(name, number)
-    versions = client.search_model_versions(f"name = '{body}'", order_by=["version_number DESC"],
-                                            max_results=1)
+    try:
+        if "@" in body:
+            name, alias = body.split("@", 1)
+            return client.get_model_version_by_alias(name, alias)
+        if "/" in body:
+            name, number = body.split("/", 1)
+            return client.get_model_version(name, number)
+        versions = client.search_model_versions(f"name = '{body}'", order_by=["version_number DESC"],
+                                                max_results=1)
+    except MlflowException as error:
+        raise RegistryError(f"model {reference!r} not found in the MLflow registry "
+                            f"({error.message}); give a model folder or models:/name/version") from None
     if not versions:
         raise RegistryError(f"no registered versions of {body!r}; train one first "
                             "(dreamgym run, or flows/train_experience.py)")
@@ -82,14 +90,8 @@ def resolve_model(reference: str, cache_dir: str | Path) -> tuple[Path, str]:
     if local.is_dir():
         return local, str(local)
     import mlflow  # noqa: PLC0415
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
 
-    client = mlflow.MlflowClient()
-    try:
-        version = _version(client, reference)
-    except MlflowException as error:
-        raise RegistryError(f"model {reference!r} not found in the MLflow registry "
-                            f"({error.message}); give a model folder or models:/name/version") from None
+    version = model_version(mlflow.MlflowClient(), reference)
     target = Path(cache_dir) / f"{version.name}-v{version.version}"
     if not (target / "config.json").is_file():  # downloaded whole into scratch, then moved in place
         target.parent.mkdir(parents=True, exist_ok=True)

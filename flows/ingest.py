@@ -22,6 +22,7 @@ import mlflow
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.tasks import exponential_backoff
 
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.buffer.store import UpsertResult, ingest_file
@@ -35,11 +36,13 @@ from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.errors import DreamgymError
 from dreamgym.tracking import experiment_id, git_commit
+from flows.caching import stage_key
 
 TRAJECTORIES_FILE = "trajectories/offline.parquet"
 
 
-@task(name="generate-games", retries=1)
+@task(name="generate-games", retries=1,
+      cache_key_fn=stage_key(params=("out_dir", "split", "count", "seed", "games"), outputs=("out_dir",)))
 def generate_games_task(out_dir: str, split: str, count: int, seed: int, games: GamesConfig,
                         ) -> list[str]:
     paths, made = generate_games(plan_games(games, split, count, seed), out_dir,
@@ -48,7 +51,8 @@ def generate_games_task(out_dir: str, split: str, count: int, seed: int, games: 
     return [str(path) for path in paths]
 
 
-@task(name="collect-trajectories")
+@task(name="collect-trajectories",
+      cache_key_fn=stage_key(params=("out", "settings"), files=("games",), outputs=("out",)))
 def collect_task(games: list[str], out: str, settings: CollectionSettings, workers: int,
                  run_id: str) -> CollectionResult:
     result = collect(games, out, settings, workers=workers, run_id=run_id)
@@ -58,7 +62,8 @@ def collect_task(games: list[str], out: str, settings: CollectionSettings, worke
     return result
 
 
-@task(name="validate-trajectories")
+@task(name="validate-trajectories",
+      cache_key_fn=stage_key(params=("out_dir", "config"), files=("trajectories",), outputs=("out_dir",)))
 def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> ValidationResult:
     out = Path(out_dir)
     # The same outputs as the `validate` stage of dvc.yaml.
@@ -69,7 +74,9 @@ def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> 
     return result
 
 
-@task(name="upsert-buffer", retries=2, retry_delay_seconds=5)
+@task(name="upsert-buffer", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
+      cache_key_fn=stage_key(params=("data_version", "run_dir", "config"), files=("validated",),
+                             environment=("DATABASE_URL",)))
 def upsert_task(validated: str, data_version: str, run_dir: str, config: BufferConfig) -> UpsertResult:
     """Only validated rows enter the buffer; a retry re-inserts nothing already committed."""
     with open_migrated(run_dir, config) as database:
@@ -79,26 +86,27 @@ def upsert_task(validated: str, data_version: str, run_dir: str, config: BufferC
     return result
 
 
-@task(name="version-data", retries=2, retry_delay_seconds=2)
+@task(name="version-data", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=2),
+      cache_key_fn=stage_key(params=("project_dir", "data_dir"), files=("data_dir",)))
 def version_task(project_dir: str, data_dir: str) -> DataVersion:
-    version = version_data(project_dir, data_dir)
+    """`dvc add` the data folder (`data_dir`: its absolute path, directly in the project)."""
+    version = version_data(project_dir, Path(data_dir).name)
     if (Path(project_dir) / "dvc.yaml").is_file():
         commit_stage(project_dir, "validate")
     get_run_logger().info("data version %s (%s)", version.md5, "new" if version.changed else "unchanged")
     return version
 
 
-def _log_dataset(path: str, version: DataVersion) -> None:
-    """Record the dataset as the run's input, identified by its DVC md5."""
+def log_dataset(path: str, md5: str, dvc_file: str) -> None:
+    """Record the validated dataset as the active run's input, identified by its DVC md5."""
     frame = read_transitions(path).to_pandas()
     with warnings.catch_warnings():
         # MLflow hints that integer columns cannot hold missing values (ours never do) and that a
         # local path could be one of two equivalent local source kinds.
         warnings.simplefilter("ignore", UserWarning)
         dataset = mlflow.data.from_pandas(frame, source=str(Path(path).resolve()),
-                                          name="offline-transitions", digest=version.md5)
-        mlflow.log_input(dataset, context="offline", tags={"dvc_md5": version.md5,
-                                                          "dvc_file": Path(version.dvc_file).name})
+                                          name="offline-transitions", digest=md5)
+        mlflow.log_input(dataset, context="offline", tags={"dvc_md5": md5, "dvc_file": Path(dvc_file).name})
 
 
 @flow(name="ingest")
@@ -109,7 +117,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
     outputs_dir = project / config.paths.outputs_dir / "validation"
     settings = CollectionSettings.from_config(config)
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
-    with mlflow.start_run(run_name="ingest") as run:
+    with mlflow.start_run(run_name="ingest", nested=mlflow.active_run() is not None) as run:
         mlflow.set_tags({"dreamgym.stage": "ingest", "git_commit": git_commit(project),
                          "prefect.flow_run_id": str(flow_run.get_id())})
         mlflow.log_params(flatten(config_to_dict(config)))
@@ -142,9 +150,9 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
                 f"validation.max_bad_fraction={config.validation.max_bad_fraction:g}; see "
                 f"{validation.quarantine_path} for the rows and reasons")
 
-        version = version_task(str(project), config.paths.data_dir)
+        version = version_task(str(project), str(data_dir))
         mlflow.set_tag("dreamgym.data_md5", version.md5)
-        _log_dataset(validation.clean_path, version)
+        log_dataset(validation.clean_path, version.md5, version.dvc_file)
 
         upserted = upsert_task(validation.clean_path, version.md5,
                                str(project / config.paths.run_dir), config.buffer)
@@ -154,6 +162,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
         summary = {
             "mlflow_run_id": run.info.run_id,
             "data_md5": version.md5,
+            "dvc_file": version.dvc_file,
             "data_changed": version.changed,
             "train_games": len(train_games),
             "test_games": len(test_games),

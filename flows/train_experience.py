@@ -19,6 +19,7 @@ from pathlib import Path
 import mlflow
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.tasks import exponential_backoff
 
 from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
@@ -34,7 +35,8 @@ from dreamgym.experience.report import log_fidelity
 from dreamgym.experience.train import plot_losses, train_sft
 from dreamgym.registry import register_model_dir
 from dreamgym.tracking import experiment_id, git_commit
-from flows.ingest import markdown_table
+from flows.caching import stage_key
+from flows.ingest import log_dataset, markdown_table
 
 MODEL_NAME = "dreamgym-experience"
 
@@ -50,7 +52,8 @@ def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@task(name="build-examples")
+@task(name="build-examples", cache_key_fn=stage_key(sections=("experience", "buffer"),
+                                                    params=("data_md5", "out_dir", "run_dir"), outputs=("out_dir",)))
 def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, config: PipelineConfig) -> str:
     path = Path(out_dir) / f"examples-{examples_key(data_md5, config.experience, config.buffer.encoder)}.parquet"
     if path.is_file():
@@ -67,7 +70,8 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     return str(path)
 
 
-@task(name="train-experience-model")
+@task(name="train-experience-model",
+      cache_key_fn=stage_key(params=("examples_path", "out_dir", "config", "seed"), outputs=("out_dir",)))
 def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed: int):
     examples = [{"prompt": e.prompt, "completion": e.completion} for e in load_examples(examples_path)]
     result = train_sft(examples, config, Path(out_dir), seed=seed, log_to_mlflow=True)
@@ -77,12 +81,15 @@ def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed:
     return result
 
 
-@task(name="collect-fidelity-transitions")
+@task(name="collect-fidelity-transitions", retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=2),
+      cache_key_fn=stage_key(sections=("experience", "env", "collect", "seed"), params=("out",),
+                             files=("test_games_dir",), outputs=("out",)))
 def real_transitions_task(test_games_dir: str, out: str, config: PipelineConfig) -> str:
     return collect_real(test_games_dir, out, config)
 
 
-@task(name="evaluate-fidelity")
+@task(name="evaluate-fidelity", cache_key_fn=stage_key(sections=("experience", "buffer", "seed"),
+                                                       params=("model_dir", "run_dir"), files=("real_path",)))
 def evaluate_task(model_dir: str, real_path: str, run_dir: str, config: PipelineConfig) -> dict:
     with open_experience_model(model_dir, run_dir, config) as experience:
         report = evaluate(experience, read_transitions(real_path).to_pylist(), config.experience.multi_step,
@@ -102,7 +109,8 @@ def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: 
     with mlflow.start_run(run_name=run_name, nested=mlflow.active_run() is not None) as run:
         mlflow.set_tags({"dreamgym.stage": "train-experience", "git_commit": git_commit(project),
                          "dreamgym.data_md5": data_md5, "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
-        mlflow.log_params(flatten({"experience": config_to_dict(config)["experience"], "seed": config.seed}))
+        mlflow.log_params(flatten(config_to_dict(config)))
+        log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
         examples = examples_task(ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
         model_key = Path(examples).stem.removeprefix("examples-") + f"-{_training_key(config)}"
         trained = train_task(examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)

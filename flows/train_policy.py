@@ -29,19 +29,21 @@ from dreamgym.experience.variations import seed_tasks, variation_writer
 from dreamgym.policy.bc import bc_examples, initial_policy, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
+from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME, current_eval_set, held_out_games, set_challenger
 from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.tracking import experiment_id, git_commit
-from flows.ingest import markdown_table
+from flows.caching import stage_key
+from flows.ingest import log_dataset, markdown_table
 
-MODEL_NAME = "dreamgym-policy"
 
 
 def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-@task(name="behaviour-cloning")
+@task(name="behaviour-cloning", cache_key_fn=stage_key(sections=("policy", "seed"), params=("out_dir",),
+                                                       files=("validated",), outputs=("out_dir",)))
 def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
     """BC on the successful real episodes; the untrained starting point is saved beside it."""
     rows = read_transitions(validated).to_pylist()
@@ -63,7 +65,10 @@ def _log_epoch(prefix: str):
     return log
 
 
-@task(name="rl-in-dream-env")
+@task(name="rl-in-dream-env", cache_key_fn=stage_key(
+    sections=("rl", "curriculum", "experience", "buffer", "seed"),
+    params=("start", "out_dir", "experience_dir", "experience_label", "run_dir"), files=("validated",),
+    outputs=("out_dir",), environment=("DATABASE_URL",)))
 def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_label: str, validated: str,
                   run_dir: str, config: PipelineConfig) -> RLResult:
     """RL in DreamEnv on the real initial states of the training tasks, with the curriculum and
@@ -96,7 +101,9 @@ def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_labe
                         on_epoch=_log_epoch("rl_"), on_transitions=write if config.rl.write_back else None)
 
 
-@task(name="rl-in-real-env")
+@task(name="rl-in-real-env", cache_key_fn=stage_key(sections=("rl", "curriculum", "seed"),
+                                                    params=("start", "out_dir", "budget"),
+                                                    files=("train_games_dir",), outputs=("out_dir",)))
 def real_rl_task(start: str, out_dir: str, train_games_dir: str, budget: int, config: PipelineConfig,
                  prefix: str = "rl_") -> RLResult:
     """RL in the real training games, stopped after `budget` real transitions."""
@@ -106,13 +113,13 @@ def real_rl_task(start: str, out_dir: str, train_games_dir: str, budget: int, co
                     config.seed, real_budget=budget, on_epoch=_log_epoch(prefix))
 
 
-@task(name="evaluate-policy")
+@task(name="evaluate-policy", cache_key_fn=stage_key(sections=("evaluation", "seed"),
+                                                    params=("name", "policy_dir", "out_dir"),
+                                                    files=("test_games_dir",)))
 def evaluate_task(name: str, policy_dir: str, test_games_dir: str, out_dir: str, config: PipelineConfig) -> dict:
-    """Success on the held-out games, cached by the policy's folder and the evaluation settings."""
-    games = list_games(test_games_dir)
-    games = games[:config.evaluation.games] if config.evaluation.games else games
-    settings = config_to_dict(config.evaluation)
-    path = Path(out_dir) / f"eval-{name}-{_key(policy_dir, settings, [g.name for g in games], config.seed)}.json"
+    """Success on the held-out games, cached by the policy's folder and the evaluation set."""
+    games = held_out_games(config, test_games_dir)
+    path = Path(out_dir) / f"eval-{name}-{_key(policy_dir, current_eval_set(config, games))}.json"
     if path.is_file():
         return json.loads(path.read_text())
     report = evaluate_policy(load_policy(policy_dir), games, config.evaluation.episodes_per_game, config.seed,
@@ -142,8 +149,8 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         mlflow.set_tags({"dreamgym.stage": "train-policy", "git_commit": git_commit(project),
                          "dreamgym.data_md5": data_md5, "dreamgym.experience_model": experience_label,
                          "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
-        mlflow.log_params(flatten({key: settings[key]
-                                   for key in ("policy", "rl", "curriculum", "evaluation")} | {"seed": config.seed}))
+        mlflow.log_params(flatten(settings))
+        log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
         bc = bc_task(ingest_summary["validated_path"], str(bc_dir), config)
 
         rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real", settings["rl"],
@@ -180,11 +187,18 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
                             "rl_seconds": rl.seconds})
         model = str(final)
         if register_model:
+            scores = {e["name"]: e for e in evals}
             version = register_model_dir(final, MODEL_NAME, key=f"{rl_key}-{config.rl.s2r_budget}",
                                          tags={"data_md5": data_md5, "experience_model": experience_label,
                                                "rl": f"{config.rl.algorithm}-{config.rl.env}",
                                                "success_rate": f"{evals[-1]['success_rate']:.4f}",
-                                               "real_transitions": str(real_used)})
+                                               "real_transitions": str(real_used),
+                                               "eval_set": current_eval_set(config, held_out_games(config, test_dir)),
+                                               "eval_successes": str(scores["dreamgym"]["wins"]),
+                                               "eval_episodes": str(scores["dreamgym"]["episodes"]),
+                                               "bc_successes": str(scores["bc"]["wins"]),
+                                               "bc_episodes": str(scores["bc"]["episodes"])})
+            set_challenger(MODEL_NAME, version)
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.policy", model)
         result = {"mlflow_run_id": run.info.run_id, "model": model, "bc": bc,

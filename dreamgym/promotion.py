@@ -1,0 +1,316 @@
+"""The promotion gate of the policy registry: a new version becomes `champion` only if it is better.
+
+Each policy version the pipeline registers carries its own held-out evaluation as tags, and the
+evaluation of the BC policy it started from, both on the same frozen evaluation set:
+
+    eval_set        `dreamgym.evaluation.eval_set_id` of the games, evaluation settings and seed
+    eval_successes  episodes the version won          eval_episodes  episodes it played
+    bc_successes    episodes the BC policy won        bc_episodes    episodes it played
+
+and the alias `challenger`. `gate` compares the challenger with the version aliased `champion`
+(with the BC policy when there is none yet) and moves `champion` to it only when its success rate
+is higher by more than `promotion.margin` *and* a one-sided two-proportion z-test says so at level
+`promotion.alpha`: a lucky evaluation of a no-better policy does not replace a good one. The
+decision, promoted or not, is written onto the challenger's version as `promotion.*` tags.
+
+A champion measured on another evaluation set (the games or settings changed since) is measured
+again on the challenger's set through a callback (`held_out_evaluator`), never compared as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dreamgym.errors import DreamgymError
+
+if TYPE_CHECKING:
+    from dreamgym.config import PipelineConfig, PromotionConfig
+
+POLICY_MODEL_NAME = "dreamgym-policy"
+CHAMPION_ALIAS = "champion"
+CHALLENGER_ALIAS = "challenger"
+BC_LABEL = "bc"
+EVAL_TAGS = ("eval_set", "eval_successes", "eval_episodes")
+BC_TAGS = ("eval_set", "bc_successes", "bc_episodes")
+
+
+class PromotionError(DreamgymError):
+    """A promotion that cannot be decided: bad counts, incomparable evaluations, missing tags."""
+
+
+def _check_count(successes: int, n: int, what: str) -> None:
+    if n <= 0 or not 0 <= successes <= n:
+        raise PromotionError(f"{what}: {successes} successes of {n} episodes; need at least one "
+                             "episode and 0 <= successes <= episodes")
+
+
+def one_sided_p_value(successes_a: int, n_a: int, successes_b: int, n_b: int) -> float:
+    """P-value of the pooled two-proportion z-test of H1: rate a > rate b (normal approximation).
+
+    When every episode of both was won, or none was, the pooled rate is 0 or 1: the two rates are
+    equal and there is no evidence either way, so 1.0.
+    """
+    _check_count(successes_a, n_a, "first sample")
+    _check_count(successes_b, n_b, "second sample")
+    pooled = (successes_a + successes_b) / (n_a + n_b)
+    if pooled in (0.0, 1.0):
+        return 1.0
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+    z = (successes_a / n_a - successes_b / n_b) / se
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@dataclass(frozen=True)
+class Score:
+    """A policy's success count on one evaluation set; `label` says which policy (a models:/ URI
+    or `bc`), `eval_set` which set (`eval_set_id`)."""
+
+    label: str
+    successes: int
+    episodes: int
+    eval_set: str
+
+    def __post_init__(self) -> None:
+        _check_count(self.successes, self.episodes, self.label)
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.episodes
+
+    def __str__(self) -> str:
+        return f"{self.successes}/{self.episodes} ({self.rate:.1%})"
+
+
+def _points(rate: float) -> str:
+    return f"{100 * rate:.1f} points"
+
+
+def _baseline_name(score: Score) -> str:
+    return "the BC policy" if score.label == BC_LABEL else f"champion {score.label}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's verdict on a challenger against its baseline (the champion, or BC), with why."""
+
+    promote: bool
+    challenger: Score
+    baseline: Score
+    margin: float
+    alpha: float
+    p_value: float
+    reason: str
+
+    @property
+    def difference(self) -> float:
+        return self.challenger.rate - self.baseline.rate
+
+    def tags(self) -> dict[str, str]:
+        """What the challenger's model version records about the decision."""
+        return {"promotion.decision": "promoted" if self.promote else "rejected",
+                "promotion.baseline": self.baseline.label, "promotion.p_value": f"{self.p_value:.6g}",
+                "promotion.reason": self.reason, "promotion.challenger_rate": f"{self.challenger.rate:.6g}",
+                "promotion.baseline_rate": f"{self.baseline.rate:.6g}"}
+
+    def metrics(self) -> dict[str, float]:
+        """The decision as MLflow metrics, for a run that wants to log it."""
+        return {"promotion_promoted": float(self.promote), "promotion_p_value": self.p_value,
+                "promotion_challenger_rate": self.challenger.rate, "promotion_baseline_rate": self.baseline.rate,
+                "promotion_difference": self.difference}
+
+
+def _beats_by_more_than(challenger: Score, baseline: Score, margin: float) -> bool:
+    """challenger.rate - baseline.rate > margin, exactly: in floats 30/40 - 18/40 exceeds a margin
+    of 0.3 by rounding. The margin is taken as the decimal it was written as."""
+    difference = Fraction(challenger.successes, challenger.episodes) - Fraction(baseline.successes, baseline.episodes)
+    return difference > Fraction(repr(float(margin)))
+
+
+def decide(challenger: Score, baseline: Score, config: PromotionConfig) -> Decision:
+    """Promote iff the challenger's rate beats the baseline's by more than the margin (a tie never
+    wins) and the one-sided test is significant (p < alpha)."""
+    if challenger.eval_set != baseline.eval_set:
+        raise PromotionError(f"challenger {challenger.label} was evaluated on eval set {challenger.eval_set} "
+                             f"but {baseline.label} on {baseline.eval_set}: success rates are comparable only "
+                             "on the same frozen held-out set (games, evaluation settings and seed)")
+    p_value = one_sided_p_value(challenger.successes, challenger.episodes, baseline.successes, baseline.episodes)
+    better = _beats_by_more_than(challenger, baseline, config.margin)
+    significant = p_value < config.alpha
+    compared = (f"challenger {challenger.label} {challenger} vs {_baseline_name(baseline)} {baseline}: "
+                f"difference {_points(challenger.rate - baseline.rate)}")
+    test = f"p={p_value:.3g}"
+    if not better:
+        reason = f"{compared} is not above margin {_points(config.margin)} ({test})"
+    elif not significant:
+        reason = (f"{compared} > margin {_points(config.margin)} but not significant: "
+                  f"{test} >= alpha {config.alpha:g}")
+    else:
+        reason = f"{compared} > margin {_points(config.margin)}, {test} < alpha {config.alpha:g}"
+    return Decision(promote=better and significant, challenger=challenger, baseline=baseline,
+                    margin=config.margin, alpha=config.alpha, p_value=p_value, reason=reason)
+
+
+# Registry side ---------------------------------------------------------------------------------
+
+
+def _uri(version) -> str:
+    return f"models:/{version.name}/{version.version}"
+
+
+def _int_tags(version, keys: tuple[str, ...]) -> tuple[str, int, int]:
+    """The eval set and the two counts named by `keys`, from `version`'s tags."""
+    for key in keys:
+        if key not in version.tags:
+            raise PromotionError(f"{_uri(version)} has no tag '{key}': it was not registered by the pipeline "
+                                 f"(dreamgym run), which tags each policy version with {', '.join(keys)}")
+    eval_set, successes, episodes = (version.tags[key] for key in keys)
+    try:
+        return eval_set, int(successes), int(episodes)
+    except ValueError:
+        raise PromotionError(f"{_uri(version)}: tags {keys[1]}={successes!r} and {keys[2]}={episodes!r} "
+                             "must be whole numbers") from None
+
+
+def version_score(version) -> Score:
+    """A registered policy version's own held-out score, from its tags (see the module docstring)."""
+    eval_set, successes, episodes = _int_tags(version, EVAL_TAGS)
+    return Score(_uri(version), successes, episodes, eval_set)
+
+
+def bc_score(version) -> Score:
+    """The score of the BC policy `version` started from, on the version's evaluation set."""
+    eval_set, successes, episodes = _int_tags(version, BC_TAGS)
+    return Score(BC_LABEL, successes, episodes, eval_set)
+
+
+def _client():
+    import mlflow  # noqa: PLC0415 - slow import
+
+    return mlflow.MlflowClient()
+
+
+def _registered_model(client, name: str):
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    try:
+        return client.get_registered_model(name)
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    return None
+
+
+def alias_version(name: str, alias: str) -> str | None:
+    """The version of `name` that `alias` points at; None when the model or the alias does not exist."""
+    model = _registered_model(_client(), name)
+    version = None if model is None else model.aliases.get(alias)
+    return None if version is None else str(version)
+
+
+def set_challenger(name: str, version: str) -> None:
+    """Point the `challenger` alias at `version`: the pipeline's newest candidate for `gate`."""
+    _client().set_registered_model_alias(name, CHALLENGER_ALIAS, str(version))
+
+
+def _model_version(client, name: str, version: str):
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
+    try:
+        return client.get_model_version(name, str(version))
+    except MlflowException as error:
+        raise PromotionError(f"no version {version} of registered model {name!r} ({error.message}); "
+                             "run the pipeline (dreamgym run) to register one") from None
+
+
+def _champion_score(champion, eval_set: str, evaluate: Callable[[str], Score] | None) -> Score:
+    """The champion's score on `eval_set`: its own tags if it was measured there, else measured again."""
+    if champion.tags.get("eval_set") == eval_set:
+        return version_score(champion)
+    if evaluate is None:
+        raise PromotionError(f"champion {_uri(champion)} was evaluated on eval set "
+                             f"{champion.tags.get('eval_set', '(none)')}, not the challenger's {eval_set}; "
+                             "it must be evaluated again on the current held-out games (dreamgym promote "
+                             "does this)")
+    return evaluate(_uri(champion))
+
+
+def _already_champion(challenger: Score, config: PromotionConfig) -> Decision:
+    return Decision(promote=False, challenger=challenger, baseline=challenger, margin=config.margin,
+                    alpha=config.alpha, p_value=1.0, reason=f"challenger {challenger.label} is already the champion; nothing to do")
+
+
+def gate(name: str, challenger_version: str, config: PromotionConfig, *,
+         evaluate: Callable[[str], Score] | None = None, dry_run: bool = False) -> Decision:
+    """Decide whether `challenger_version` of `name` replaces the champion; see the module docstring.
+
+    `evaluate(models:/name/version)` measures a policy on the challenger's evaluation set; it is
+    only called for a champion measured on another set. Unless `dry_run`, the decision's tags go
+    onto the challenger's version and a promoted challenger gets the `champion` alias. A
+    challenger that is already champion is left as it is (its tags keep the decision that
+    promoted it).
+    """
+    client = _client()
+    challenger_mv = _model_version(client, name, challenger_version)
+    challenger = version_score(challenger_mv)
+    champion_version = alias_version(name, CHAMPION_ALIAS)
+    if champion_version == str(challenger_mv.version):
+        return _already_champion(challenger, config)
+    baseline = (bc_score(challenger_mv) if champion_version is None else
+                _champion_score(_model_version(client, name, champion_version), challenger.eval_set, evaluate))
+    decision = decide(challenger, baseline, config)
+    if not dry_run:
+        for key, value in decision.tags().items():
+            client.set_model_version_tag(name, str(challenger_mv.version), key, value)
+        if decision.promote:
+            client.set_registered_model_alias(name, CHAMPION_ALIAS, str(challenger_mv.version))
+    return decision
+
+
+# Measuring a policy on the current held-out set --------------------------------------------------
+
+
+def held_out_games(config: PipelineConfig, games_dir: str | Path) -> list[Path]:
+    """The frozen held-out set: the first `evaluation.games` (0: all) games of `games_dir` (the
+    test split, `<data_dir>/games/test`), sorted."""
+    from dreamgym.data.games import list_games  # noqa: PLC0415
+
+    return list_games(games_dir)[:config.evaluation.games or None]
+
+
+def current_eval_set(config: PipelineConfig, games: list[Path]) -> str:
+    """The `eval_set_id` of `games` under the config's evaluation settings and seed."""
+    from dreamgym.config import config_to_dict  # noqa: PLC0415
+    from dreamgym.evaluation import eval_set_id  # noqa: PLC0415 - imports torch
+
+    return eval_set_id([game.name for game in games], config_to_dict(config.evaluation), config.seed)
+
+
+def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Callable[[str], Score]:
+    """`gate`'s `evaluate`: play a registered policy on the current held-out games, greedy or
+    seeded as `evaluation` says, and return its Score there. Nothing is loaded until it is called."""
+
+    def evaluate(reference: str) -> Score:
+        from dreamgym.evaluation import evaluate_policy  # noqa: PLC0415
+        from dreamgym.policy.model import load_policy  # noqa: PLC0415
+        from dreamgym.registry import resolve_model  # noqa: PLC0415
+
+        games = held_out_games(config, Path(project_dir) / config.paths.data_dir / "games" / "test")
+        policy_dir, label = resolve_model(reference, Path(project_dir) / config.paths.run_dir / "models")
+        settings = config.evaluation
+        report = evaluate_policy(load_policy(policy_dir, config.policy), games, settings.episodes_per_game,
+                                 config.seed, settings.max_steps, greedy=settings.greedy)
+        return Score(label, report.summary["wins"], report.summary["episodes"], current_eval_set(config, games))
+
+    return evaluate
+
+
+def describe(decision: Decision, dry_run: bool = False) -> str:
+    """The line `dreamgym promote` prints."""
+    verdict = "promoted to champion" if decision.promote else "not promoted"
+    return f"{verdict}: {decision.reason}" + (" (dry run: nothing changed)" if dry_run else "")
+

@@ -1,0 +1,148 @@
+"""Scheduled retraining: the `nightly` deployment of `prefect.yaml`, read for `dreamgym serve`.
+
+`prefect.yaml` is the one copy of the schedule and its parameters: `prefect deploy` reads it for a
+work pool, and `dreamgym serve` reads it here to serve the same flow locally, so the two cannot
+drift. Prefect is imported inside the functions only (it reads its settings at import: call
+`dreamgym.tracking.configure_services` first).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from dreamgym.errors import DreamgymError
+
+if TYPE_CHECKING:
+    from prefect import Flow
+
+PROJECT_FILE = "prefect.yaml"
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """One deployment of prefect.yaml, with its (single) cron schedule."""
+
+    name: str
+    entrypoint: str  # path/to/file.py:flow_function, relative to the project folder
+    parameters: dict[str, Any] = field(hash=False)
+    cron: str
+    timezone: str  # IANA name; Prefect's default (UTC) when prefect.yaml gives none
+    work_pool: str | None
+    work_queue: str | None
+    work_pool_type: str | None = None  # documentation only: Prefect sets it at `work-pool create`
+
+
+def load_deployment(project_dir: str | Path, name: str = "nightly") -> DeploymentSpec:
+    """Read deployment `name` from `<project_dir>/prefect.yaml`; the cron is checked by Prefect."""
+    path = Path(project_dir) / PROJECT_FILE
+    if not path.is_file():
+        raise DreamgymError(f"{path}: not found; scheduled retraining is defined in the project's "
+                            f"{PROJECT_FILE} (run from the project folder or pass --params)")
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DreamgymError(f"{path}: not valid YAML ({_one_line(exc)}); fix it in {PROJECT_FILE}") from exc
+    deployments = (document or {}).get("deployments") if isinstance(document, dict) else None
+    if not isinstance(deployments, list):
+        raise DreamgymError(f"{path}: no `deployments:` list; add one (see the README, "
+                            "Scheduled retraining)")
+    entries = [entry for entry in deployments if isinstance(entry, dict)]
+    matches = [entry for entry in entries if entry.get("name") == name]
+    if not matches:
+        known = ", ".join(repr(entry.get("name")) for entry in entries) or "none"
+        raise DreamgymError(f"{path}: no deployment named {name!r} (defined: {known}); "
+                            "pass --name with one of those")
+    if len(matches) > 1:
+        raise DreamgymError(f"{path}: {len(matches)} deployments are named {name!r}; rename all but one")
+    entry = matches[0]
+    where = f"{path}: deployment {name!r}"
+
+    entrypoint = entry.get("entrypoint")
+    if not isinstance(entrypoint, str) or ":" not in entrypoint:
+        raise DreamgymError(f"{where}: entrypoint {entrypoint!r} is not `path/to/file.py:flow_function`; "
+                            f"fix it in {PROJECT_FILE}")
+    parameters = entry.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise DreamgymError(f"{where}: parameters must be a mapping, got {parameters!r}; fix it in "
+                            f"{PROJECT_FILE}")
+
+    cron, timezone = _cron_schedule(entry, where)
+
+    work_pool = entry.get("work_pool") or {}
+    if not isinstance(work_pool, dict):
+        raise DreamgymError(f"{where}: work_pool must be a mapping (name, work_queue_name); fix it in "
+                            f"{PROJECT_FILE}")
+    return DeploymentSpec(name=name, entrypoint=entrypoint, parameters=dict(parameters), cron=cron,
+                          timezone=timezone, work_pool=work_pool.get("name"),
+                          work_queue=work_pool.get("work_queue_name"),
+                          work_pool_type=work_pool.get("type"))
+
+
+def _cron_schedule(entry: dict[str, Any], where: str) -> tuple[str, str]:
+    """The deployment's one cron schedule (`schedules:` list, or the older `schedule:` mapping)."""
+    schedules = entry.get("schedules")
+    if schedules is None:
+        schedules = [entry["schedule"]] if entry.get("schedule") else []
+    if not isinstance(schedules, list):
+        schedules = [schedules]
+    crons = [item for item in schedules if isinstance(item, dict) and item.get("cron")]
+    fix = f'add `schedules: [{{cron: "0 2 * * *", timezone: UTC}}]` to it in {PROJECT_FILE}'
+    if not crons:
+        raise DreamgymError(f"{where}: no cron schedule; {fix}")
+    if len(crons) > 1:
+        raise DreamgymError(f"{where}: {len(crons)} cron schedules; dreamgym serve takes one, keep one "
+                            f"in {PROJECT_FILE}")
+    item = crons[0]
+
+    from pydantic import ValidationError  # noqa: PLC0415
+    from prefect.client.schemas.schedules import CronSchedule  # noqa: PLC0415 - imports Prefect
+
+    options = {key: item[key] for key in ("timezone", "day_or") if item.get(key) is not None}
+    try:
+        schedule = CronSchedule(cron=str(item["cron"]), **options)
+    except ValidationError as exc:
+        reasons = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
+        zone = f" (timezone {options['timezone']!r})" if "timezone" in options else ""
+        raise DreamgymError(f"{where}: cron {item['cron']!r}{zone} is not valid: {reasons}; "
+                            f"fix it in {PROJECT_FILE}") from exc
+    return schedule.cron, schedule.timezone or "UTC"
+
+
+def deployment_options(spec: DeploymentSpec) -> dict[str, Any]:
+    """Keyword arguments for `Flow.serve` / `Flow.to_deployment`: the spec's name, schedule (with
+    its timezone: `cron=` alone would drop it) and parameters."""
+    from prefect.schedules import Cron  # noqa: PLC0415 - imports Prefect
+
+    return {"name": spec.name, "schedules": [Cron(spec.cron, timezone=spec.timezone)],
+            "parameters": dict(spec.parameters)}
+
+
+def load_flow(spec: DeploymentSpec, project_dir: str | Path) -> Flow:
+    """The Prefect flow the spec's entrypoint names, loaded from `project_dir` (put first on
+    `sys.path` so the entrypoint's `flows.*` / `dreamgym.*` imports come from that checkout)."""
+    from prefect.exceptions import MissingFlowError  # noqa: PLC0415 - imports Prefect
+    from prefect.flows import load_flow_from_entrypoint  # noqa: PLC0415
+
+    project_dir = Path(project_dir).resolve()
+    path, _, function = spec.entrypoint.rpartition(":")
+    script = project_dir / path
+    if not script.is_file():
+        raise DreamgymError(f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: {script} not "
+                            f"found; fix the entrypoint in {PROJECT_FILE}")
+    if str(project_dir) not in sys.path:
+        sys.path.insert(0, str(project_dir))
+    try:
+        # No placeholder flow: a script that fails to import must fail here, not when it runs.
+        return load_flow_from_entrypoint(f"{script}:{function}", use_placeholder_flow=False)
+    except MissingFlowError as exc:
+        raise DreamgymError(f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: "
+                            f"{str(exc).strip()}; fix the entrypoint in {PROJECT_FILE}") from exc
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,150 @@
+"""The parent flow end to end on a tiny budget: real games, embedded Postgres, tiny models, MLflow
+lineage and registry, Prefect task caching."""
+
+import datetime
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
+
+
+@pytest.fixture
+def project(tmp_path, train_games, test_games) -> Path:
+    """A project with the repo's parameter file and DVC stages, the session's games in place."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    # The code the DVC stages depend on.
+    shutil.copytree(ROOT / "dreamgym", tmp_path / "dreamgym", ignore=shutil.ignore_patterns("__pycache__"))
+    for split, games in (("train", train_games), ("test", test_games)):
+        target = tmp_path / "data" / "games" / split
+        target.mkdir(parents=True)
+        for game in games:
+            for suffix in (".z8", ".json", ".ni"):
+                shutil.copy(game.with_suffix(suffix), target)
+    return tmp_path
+
+
+def _task_states(since: datetime.datetime) -> dict[str, set[str]]:
+    """Task name → state names of the task runs of every flow run started after `since`."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterStartTime
+    from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
+
+    async def read():
+        async with get_client() as client:
+            flow_runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)), limit=100,
+                sort=FlowRunSort.START_TIME_ASC)
+            tasks = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id for run in flow_runs])), limit=200,
+                sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+            # A sub-flow shows in its parent as a task run: not a task of ours.
+            subflows = {run.parent_task_run_id for run in flow_runs}
+            return [task_run for task_run in tasks if task_run.id not in subflows]
+
+    import asyncio
+
+    states: dict[str, set[str]] = {}
+    for task_run in asyncio.run(read()):
+        states.setdefault(task_run.name.rsplit("-", 1)[0], set()).add(task_run.state.name)
+    return states
+
+
+def _buffer_rows(project: Path) -> int:
+    from sqlalchemy import text
+
+    from dreamgym.buffer.migrations import open_migrated
+    from dreamgym.config import load_config
+
+    config = load_config(project / "params.yaml", OVERRIDES)
+    with open_migrated(project / config.paths.run_dir, config.buffer) as database:
+        with database.engine.connect() as connection:
+            return connection.execute(text("SELECT count(*) FROM transitions")).scalar()
+
+
+def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server, mlflow_tracking):
+    from dreamgym.lineage import lineage
+    from flows.pipeline import pipeline
+
+    params = str(project / "params.yaml")
+    first = pipeline(params, OVERRIDES)
+    client = MlflowClient()
+
+    # One parent run, a nested run per stage; each records the full config and the dataset.
+    parent = client.get_run(first["mlflow_run_id"])
+    experiment = parent.info.experiment_id
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {run.data.tags["dreamgym.stage"] for run in children} == {
+        "ingest", "train-experience", "train-policy", "promotion"}
+    data_md5 = first["ingest"]["data_md5"]
+    for run in [parent] + [run for run in children if run.data.tags["dreamgym.stage"] != "promotion"]:
+        assert run.data.params["rl.epochs"] == "1" and run.data.params["seed"] == "0", run.info.run_name
+        assert [i.dataset.digest for i in run.inputs.dataset_inputs] == [data_md5], run.info.run_name
+        assert run.data.tags["git_commit"]
+    assert parent.data.tags["dreamgym.experience_model"] == "models:/dreamgym-experience/1"
+    assert parent.data.tags["dreamgym.policy"] == "models:/dreamgym-policy/1"
+    assert {"eval_bc_success_rate", "eval_dreamgym_success_rate", "fidelity_next_state_exact_match",
+            "promotion_promoted"} <= set(parent.data.metrics)
+    root_artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
+    assert {"config", "summary.json"} <= root_artifacts
+    config = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=parent.info.run_id, artifact_path="config/params.json")).read_text())
+    assert config["rl"]["epochs"] == 1 and config["experience"]["hidden_size"] == 64
+
+    # The new version is the challenger; the gate's decision is on its tags and in the run.
+    version = client.get_model_version("dreamgym-policy", "1")
+    assert "challenger" in version.aliases
+    decision = first["promotion"]
+    assert version.tags["promotion.decision"] == ("promoted" if decision["promoted"] else "rejected")
+    bc = next(e for e in first["policy"]["evaluations"] if e["name"] == "bc")
+    rl = next(e for e in first["policy"]["evaluations"] if e["name"] == "dreamgym")
+    assert decision["promoted"] == (rl["success_rate"] > bc["success_rate"] and decision["p_value"] < 0.05)
+    assert ("champion" in version.aliases) == decision["promoted"]
+
+    # Lineage: policy → experience model → data → pipeline run.
+    links = lineage("models:/dreamgym-policy/1")
+    assert [link.kind for link in links] == ["policy", "experience-model", "data", "pipeline"]
+    assert links[1].label == "models:/dreamgym-experience/1"
+    assert links[2].facts["md5"] == data_md5
+    assert links[3].facts["run"] == parent.info.run_id
+
+    # An immediate re-run: every task a cache hit, no new rows, no new versions.
+    rows = _buffer_rows(project)
+    since = datetime.datetime.now(datetime.timezone.utc)
+    second = pipeline(params, OVERRIDES)
+    states = _task_states(since)
+    assert states and all(names == {"Cached"} for names in states.values()), states
+    assert _buffer_rows(project) == rows
+    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 1
+    assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
+    assert second["policy"]["evaluations"] == first["policy"]["evaluations"]
+
+    # One RL parameter changed: RL, evaluation of the new policy and the gate run; nothing upstream.
+    since = datetime.datetime.now(datetime.timezone.utc)
+    third = pipeline(params, {**OVERRIDES, "rl.learning_rate": 0.002})
+    states = _task_states(since)
+    ran = {name for name, names in states.items() if names != {"Cached"}}
+    assert ran == {"rl-in-dream-env", "evaluate-policy", "promotion-gate"}, states
+    assert third["policy"]["model"] == "models:/dreamgym-policy/2"
+    assert third["experience"]["model"] == first["experience"]["model"]
+    assert "challenger" in client.get_model_version("dreamgym-policy", "2").aliases
+
+
+def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
+    """The deployment passes parameters the flow accepts (the schedule itself: test_schedule.py)."""
+    from flows.pipeline import pipeline
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    [deployment] = [d for d in spec["deployments"] if d["name"] == "nightly"]
+    pipeline.validate_parameters(deployment.get("parameters") or {})
