@@ -36,6 +36,9 @@ def _config(params: Path, overrides: dict[str, Any] | None = None) -> PipelineCo
 @app.command()
 def run(params: ParamsOption = Path("params.yaml"),
         refresh: Annotated[bool, typer.Option(help="Recompute every stage, ignoring cached results.")] = False,
+        until: Annotated[str, typer.Option(help="Stop after this stage: ingest, experience, policy or "
+                                                "promotion (the DVC stages run the pipeline stage by stage).")
+                         ] = "promotion",
         ) -> None:
     """The main job: the whole pipeline on the configured (by default embedded) services."""
     config = _config(params)  # a bad parameter file is reported before any service starts
@@ -44,7 +47,7 @@ def run(params: ParamsOption = Path("params.yaml"),
     services = configure_services(params.resolve().parent / config.paths.run_dir)
     from flows.pipeline import pipeline, pipeline_rows  # noqa: PLC0415 - imports Prefect, after its settings
 
-    summary = pipeline(str(params), refresh=refresh)
+    summary = pipeline(str(params), refresh=refresh, until=until)
     table = Table(title="dreamgym run", show_header=False)
     for label, value in pipeline_rows(summary):
         table.add_row(label, value)

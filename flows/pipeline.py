@@ -27,6 +27,8 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
 from dreamgym.config import PipelineConfig, PromotionConfig, config_to_dict, flatten, load_config
+from dreamgym.data.versioning import commit_stage, dvc_stage_params
+from dreamgym.errors import DreamgymError
 from dreamgym.promotion import Decision, gate
 from dreamgym.tracking import configure_services, experiment_id, git_commit
 from flows.caching import stage_key
@@ -48,6 +50,28 @@ def decision_summary(decision: Decision) -> dict:
     return {"promoted": decision.promote, "reason": decision.reason, "p_value": decision.p_value,
             "challenger": asdict(decision.challenger), "baseline": asdict(decision.baseline),
             "metrics": decision.metrics(), "tags": decision.tags()}
+
+
+@task(name="record-dvc-stage", retries=2, retry_delay_seconds=2,
+      cache_key_fn=stage_key(params=("project_dir", "stage", "settings"), files=("metrics_path",)))
+def record_stage_task(project_dir: str, stage: str, metrics_path: str, settings: dict) -> None:
+    """Record a dvc.yaml stage the flow just ran (its metrics file written) in dvc.lock, so that
+    `dvc status` agrees with the run. `settings` are the stage's params: part of the cache key."""
+    commit_stage(project_dir, stage)
+
+
+def write_stage_metrics(project: Path, config: PipelineConfig, summary: dict, stage: str) -> None:
+    """The stage's headline figures in `<outputs_dir>/metrics/<stage>.json` (dvc.yaml's metrics),
+    and the stage recorded in dvc.lock when dvc.yaml defines it."""
+    path = project / config.paths.outputs_dir / "metrics" / f"{stage}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(stage_metrics(summary, stage), indent=2, sort_keys=True) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    declared = dvc_stage_params(project, stage)
+    if declared is not None:
+        settings = config_to_dict(config)
+        record_stage_task(str(project), stage, str(path), {key: settings[key] for key in declared})
 
 
 @flow(name="promote")
@@ -76,10 +100,17 @@ def promotion_rows(decision: dict) -> list[tuple[str, str]]:
              + decision["reason"])]
 
 
+STAGES = ("ingest", "experience", "policy", "promotion")
+
+
 @flow(name="dreamgym-pipeline")
-def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = None, refresh: bool = False) -> dict:
-    """The whole pipeline on the configuration in `params` (with dotted-key `overrides`);
-    `refresh` ignores cached task results and recomputes them."""
+def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = None, refresh: bool = False,
+             until: str = "promotion") -> dict:
+    """The pipeline on the configuration in `params` (with dotted-key `overrides`), from ingest
+    through the stage `until` (the DVC stages run it stage by stage); `refresh` ignores cached
+    task results and recomputes them."""
+    if until not in STAGES:
+        raise DreamgymError(f"until={until!r} is not a stage; use one of {', '.join(STAGES)}")
     params_path = Path(params).resolve()
     config = load_config(params_path, overrides)
     project = params_path.parent
@@ -94,38 +125,54 @@ def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = Non
             mlflow.log_params(flatten(settings))
             mlflow.log_dict(settings, "config/params.json")
 
-            ingested = ingest(config, str(project))
+            summary = {"mlflow_run_id": run.info.run_id, "prefect_flow_run_id": str(flow_run.get_id())}
+            summary["ingest"] = ingested = ingest(config, str(project))  # records its own DVC stage
             mlflow.set_tag("dreamgym.data_md5", ingested["data_md5"])
             log_dataset(ingested["validated_path"], ingested["data_md5"], ingested["dvc_file"])
-            experience = train_experience(config, ingested, str(project))
-            mlflow.set_tag("dreamgym.experience_model", experience["model"])
-            policy = train_policy(config, ingested, experience, str(project))
-            mlflow.set_tag("dreamgym.policy", policy["model"])
-            decision = promote(config, policy, str(project))
-
-            mlflow.set_tag("dreamgym.promotion", "promoted" if decision["promoted"] else "rejected")
-            mlflow.log_metrics(_headline_metrics(experience, policy, decision))
-            summary = {"mlflow_run_id": run.info.run_id, "prefect_flow_run_id": str(flow_run.get_id()),
-                       "ingest": ingested, "experience": experience, "policy": policy, "promotion": decision}
+            if STAGES.index(until) >= STAGES.index("experience"):
+                summary["experience"] = experience = train_experience(config, ingested, str(project))
+                mlflow.set_tag("dreamgym.experience_model", experience["model"])
+                write_stage_metrics(project, config, summary, "experience")
+            if STAGES.index(until) >= STAGES.index("policy"):
+                summary["policy"] = policy = train_policy(config, ingested, experience, str(project))
+                mlflow.set_tag("dreamgym.policy", policy["model"])
+                write_stage_metrics(project, config, summary, "policy")
+            if until == "promotion":
+                summary["promotion"] = decision = promote(config, policy, str(project))
+                mlflow.set_tag("dreamgym.promotion", "promoted" if decision["promoted"] else "rejected")
+                write_stage_metrics(project, config, summary, "promotion")
+            mlflow.log_metrics(stage_metrics(summary))
             mlflow.log_text(json.dumps(summary, indent=2, default=str), "summary.json")
             create_markdown_artifact(key="pipeline-summary", description="What the pipeline run produced",
                                      markdown=markdown_table("dreamgym pipeline", pipeline_rows(summary)))
             return summary
 
 
-def _headline_metrics(experience: dict, policy: dict, decision: dict) -> dict[str, float]:
-    fidelity = experience["fidelity"]
-    metrics = {f"fidelity_{key}": fidelity[key] for key in
-               ("next_state_exact_match", "reward_accuracy", "done_accuracy", "parse_failure_rate")}
-    metrics |= {f"eval_{e['name']}_success_rate": e["success_rate"] for e in policy["evaluations"]}
-    metrics |= {"real_transitions": policy["rl"]["real_transitions"],
-                "synthetic_transitions": policy["rl"]["synthetic_transitions"],
-                "promotion_promoted": float(decision["promoted"])}
+def stage_metrics(summary: dict, stage: str | None = None) -> dict[str, float]:
+    """The headline figures of the stages in `summary` (or of one `stage`): the parent run's
+    metrics, and the metrics files of the DVC stages."""
+    metrics: dict[str, float] = {}
+    if "experience" in summary and stage in (None, "experience"):
+        fidelity = summary["experience"]["fidelity"]
+        metrics |= {f"fidelity_{key}": fidelity[key] for key in
+                    ("next_state_exact_match", "reward_accuracy", "done_accuracy", "parse_failure_rate")}
+    if "policy" in summary and stage in (None, "policy"):
+        policy = summary["policy"]
+        metrics |= {f"eval_{e['name']}_success_rate": e["success_rate"] for e in policy["evaluations"]}
+        metrics |= {"real_transitions": policy["rl"]["real_transitions"],
+                    "synthetic_transitions": policy["rl"]["synthetic_transitions"]}
+    if "promotion" in summary and stage in (None, "promotion"):
+        metrics |= {"promotion_promoted": float(summary["promotion"]["promoted"])}
     return metrics
 
 
 def pipeline_rows(summary: dict) -> list[tuple[str, str]]:
     """The pipeline's result as (label, value) rows: for the CLI's table and the Prefect artifact."""
-    return (summary_rows(summary["ingest"]) + experience_rows(summary["experience"])
-            + policy_rows(summary["policy"]) + promotion_rows(summary["promotion"])
-            + [("MLflow run (pipeline)", summary["mlflow_run_id"])])
+    rows = summary_rows(summary["ingest"])
+    if "experience" in summary:
+        rows += experience_rows(summary["experience"])
+    if "policy" in summary:
+        rows += policy_rows(summary["policy"])
+    if "promotion" in summary:
+        rows += promotion_rows(summary["promotion"])
+    return rows + [("MLflow run (pipeline)", summary["mlflow_run_id"])]

@@ -73,8 +73,8 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
                          "validation/dataset_overview.png"}
 
     # The flow recorded the dvc.yaml stage it ran: DVC sees nothing to redo.
-    status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True,
-                            text=True, check=True)
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "validate"], cwd=project,
+                            capture_output=True, text=True, check=True)
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
     lock = (project / "dvc.lock").read_text()
 

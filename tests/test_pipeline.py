@@ -5,6 +5,7 @@ import datetime
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -25,7 +26,8 @@ def project(tmp_path, train_games, test_games) -> Path:
     for name in ("dvc.yaml", "params.yaml"):
         shutil.copy(ROOT / name, tmp_path / name)
     # The code the DVC stages depend on.
-    shutil.copytree(ROOT / "dreamgym", tmp_path / "dreamgym", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("dreamgym", "flows"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     for split, games in (("train", train_games), ("test", test_games)):
         target = tmp_path / "data" / "games" / split
         target.mkdir(parents=True)
@@ -112,6 +114,13 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert decision["promoted"] == (rl["success_rate"] > bc["success_rate"] and decision["p_value"] < 0.05)
     assert ("champion" in version.aliases) == decision["promoted"]
 
+    # The run wrote the DVC stages' metrics and recorded them: DVC has nothing to redo.
+    status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True,
+                            text=True, check=True)
+    assert "Data and pipelines are up to date" in status.stdout, status.stdout
+    policy_metrics = json.loads((project / "outputs" / "metrics" / "policy.json").read_text())
+    assert policy_metrics["eval_dreamgym_success_rate"] == rl["success_rate"]
+
     # Lineage: policy → experience model → data → pipeline run.
     links = lineage("models:/dreamgym-policy/1")
     assert [link.kind for link in links] == ["policy", "experience-model", "data", "pipeline"]
@@ -135,7 +144,9 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     third = pipeline(params, {**OVERRIDES, "rl.learning_rate": 0.002})
     states = _task_states(since)
     ran = {name for name, names in states.items() if names != {"Cached"}}
-    assert ran == {"rl-in-dream-env", "evaluate-policy", "promotion-gate"}, states
+    # (record-dvc-stage: dvc.lock notes the policy stage's new params; the experience stage's is a hit.)
+    assert ran == {"rl-in-dream-env", "evaluate-policy", "promotion-gate", "record-dvc-stage"}, states
+    assert "Cached" in states["record-dvc-stage"]
     assert third["policy"]["model"] == "models:/dreamgym-policy/2"
     assert third["experience"]["model"] == first["experience"]["model"]
     assert "challenger" in client.get_model_version("dreamgym-policy", "2").aliases

@@ -64,8 +64,18 @@ def ensure_dvc_repo(project_dir: str | Path) -> None:
 
 
 def version_data(project_dir: str | Path, data_dir: str = "data") -> DataVersion:
-    """`dvc add` the data folder and return its version."""
+    """`dvc add` the data folder and return its version.
+
+    Inside a `dvc repro` stage (DVC sets DVC_STAGE) DVC holds the repository's lock, and the stage
+    graph starts from data that data.dvc already versions: the recorded version is read instead.
+    """
     project_dir = Path(project_dir).resolve()
+    if os.environ.get("DVC_STAGE"):
+        recorded = read_version(project_dir, data_dir)
+        if recorded is None:
+            raise DreamgymError(f"{_dvc_file(project_dir, data_dir).name} records no data version; run "
+                                "`dreamgym run` once to make and version the data before `dvc repro`")
+        return recorded
     data_path = project_dir / data_dir
     if not data_path.is_dir():
         raise DreamgymError(f"data folder {data_path} does not exist; run `dreamgym run` to make it")
@@ -85,5 +95,19 @@ def version_data(project_dir: str | Path, data_dir: str = "data") -> DataVersion
 
 def commit_stage(project_dir: str | Path, stage: str) -> None:
     """Record a `dvc.yaml` stage whose outputs were made outside `dvc repro` (by a flow) in
-    `dvc.lock`, so that `dvc status` agrees and `dvc repro` has nothing to redo."""
+    `dvc.lock`, so that `dvc status` agrees and `dvc repro` has nothing to redo. Inside a
+    `dvc repro` stage, DVC records its stages itself."""
+    if os.environ.get("DVC_STAGE"):
+        return
     _dvc(Path(project_dir), "commit", "--force", "--quiet", stage)
+
+
+def dvc_stage_params(project_dir: str | Path, stage: str) -> list[str] | None:
+    """The params.yaml keys a `dvc.yaml` stage declares, or None when there is no such stage."""
+    path = Path(project_dir) / "dvc.yaml"
+    if not path.is_file():
+        return None
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    if stage not in stages:
+        return None
+    return [str(item) for item in stages[stage].get("params") or []]
