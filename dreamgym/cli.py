@@ -424,40 +424,44 @@ def promote(
 @app.command()
 def serve(
     name: Annotated[str, typer.Option("--name", help="Deployment of prefect.yaml to serve.")] = "nightly",
+    port: Annotated[int, typer.Option(help="Port of the local Prefect server started when "
+                                           "PREFECT_API_URL is unset.")] = 4200,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Serve a deployment of prefect.yaml from this machine, on its schedule and with its
-    parameters (no work pool or worker). Needs a Prefect server (PREFECT_API_URL): the temporary
-    one has no scheduler."""
+    parameters (no work pool or worker). Uses the Prefect server PREFECT_API_URL names, else starts
+    one here (the temporary one has no scheduler) with its UI at http://127.0.0.1:PORT."""
+    import contextlib  # noqa: PLC0415
     import os  # noqa: PLC0415
 
+    from dreamgym.schedule import load_deployment, local_prefect_server  # noqa: PLC0415
     from dreamgym.tracking import configure_services  # noqa: PLC0415
 
     config = _config(params)
     project = params.resolve().parent
     services = configure_services(project / config.paths.run_dir)
-    # Prefect reads its settings at import: only now.
-    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
-
-    from dreamgym.schedule import deployment_options, load_deployment, load_flow  # noqa: PLC0415
-
     spec = load_deployment(project, name)
     served_params = spec.parameters.get("params")
     if served_params is not None and (project / str(served_params)).resolve() != params.resolve():
         raise DreamgymError(f"--params {params}: deployment {spec.name!r} runs with params="
                             f"{served_params!r} (prefect.yaml); serve that file, or change the "
                             "deployment's parameters in prefect.yaml")
-    if not PREFECT_API_URL.value():
-        raise DreamgymError("no Prefect server to schedule the runs (the temporary one has no scheduler): "
-                            f"start one with `PREFECT_HOME={services['PREFECT_HOME']} prefect server start`"
-                            ", then set PREFECT_API_URL=http://127.0.0.1:4200/api")
-    os.chdir(project)  # every run resolves the entrypoint and the relative params path here
-    pipeline_flow = load_flow(spec, project)
-    print(f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
-          f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
-          f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
-          flush=True)
-    pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415 - after configure_services
+
+    from dreamgym.schedule import deployment_options, load_flow  # noqa: PLC0415
+
+    with contextlib.ExitStack() as stack:
+        if not PREFECT_API_URL.value():
+            console.print(f"starting a local Prefect server (UI http://127.0.0.1:{port}) ...")
+            url = stack.enter_context(local_prefect_server(services["PREFECT_HOME"], port))
+            stack.enter_context(temporary_settings({PREFECT_API_URL: url}))
+        os.chdir(project)  # every run resolves the entrypoint and the relative params path here
+        pipeline_flow = load_flow(spec, project)
+        print(f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
+              f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
+              f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
+              flush=True)
+        pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
 
 
 def main() -> None:

@@ -8,7 +8,14 @@ drift. Prefect is imported inside the functions only (it reads its settings at i
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -142,6 +149,47 @@ def load_flow(spec: DeploymentSpec, project_dir: str | Path) -> Flow:
     except MissingFlowError as exc:
         raise DreamgymError(f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: "
                             f"{str(exc).strip()}; fix the entrypoint in {PROJECT_FILE}") from exc
+
+
+@contextmanager
+def local_prefect_server(prefect_home: str | Path, port: int = 4200, timeout: float = 180.0) -> Iterator[str]:
+    """A Prefect server on this machine (the temporary one has no scheduler), its database in
+    `prefect_home`, stopped on exit; yields its API URL. Its log is `<prefect_home>/server.log`."""
+    prefect_home = Path(prefect_home)
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}/api"
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    environment["PREFECT_HOME"] = str(prefect_home)
+    log_path = prefect_home / "server.log"
+    with log_path.open("ab") as log:
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                   "--port", str(port)], env=environment, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _healthy(url):
+            if server.poll() is not None:
+                tail = " ".join(log_path.read_text(errors="replace").split()[-40:])
+                raise DreamgymError(f"the local Prefect server stopped at start (port {port} taken?): ...{tail}; "
+                                    "pass --port with a free port, or set PREFECT_API_URL to a running server")
+            if time.monotonic() > deadline:
+                raise DreamgymError(f"the local Prefect server did not answer within {timeout:.0f}s (log: "
+                                    f"{log_path}); set PREFECT_API_URL to a running server instead")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _one_line(exc: Exception) -> str:

@@ -26,22 +26,23 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 
-from dreamgym.config import PipelineConfig, PromotionConfig, config_to_dict, flatten, load_config
+from dreamgym.config import PipelineConfig, config_to_dict, flatten, load_config
 from dreamgym.data.versioning import commit_stage, dvc_stage_params
 from dreamgym.errors import DreamgymError
-from dreamgym.promotion import Decision, gate
+from dreamgym.promotion import POLICY_MODEL_NAME, Decision, gate, held_out_evaluator
 from dreamgym.tracking import configure_services, experiment_id, git_commit
 from flows.caching import stage_key
 from flows.ingest import ingest, log_dataset, markdown_table, summary_rows
 from flows.train_experience import experience_rows, train_experience
-from flows.train_policy import MODEL_NAME as POLICY_MODEL, policy_rows, train_policy
+from flows.train_policy import policy_rows, train_policy
 
 
-@task(name="promotion-gate", cache_key_fn=stage_key(params=("name", "version", "config")))
-def promotion_task(name: str, version: str, config: PromotionConfig) -> dict:
+@task(name="promotion-gate", cache_key_fn=stage_key(sections=("promotion",), params=("name", "version")))
+def promotion_task(name: str, version: str, config: PipelineConfig, project_dir: str) -> dict:
     """The gate for a new version; its decision is final, so a re-run with the same challenger
-    and gate settings is a cache hit that changes nothing."""
-    decision = gate(name, version, config)
+    and gate settings is a cache hit that changes nothing. A champion measured on another
+    held-out set is measured again on the current one."""
+    decision = gate(name, version, config.promotion, evaluate=held_out_evaluator(config, project_dir))
     get_run_logger().info("promotion of %s/%s: %s", name, version, decision.reason)
     return decision_summary(decision)
 
@@ -75,19 +76,20 @@ def write_stage_metrics(project: Path, config: PipelineConfig, summary: dict, st
 
 
 @flow(name="promote")
-def promote(config: PipelineConfig, policy_summary: dict, project_dir: str = ".") -> dict:
+def promote(config: PipelineConfig, ingest_summary: dict, policy_summary: dict, project_dir: str = ".") -> dict:
     """The promotion stage: its own nested MLflow run holding the decision and its numbers."""
     project = Path(project_dir).resolve()
     model = policy_summary["model"]
-    if not model.startswith(f"models:/{POLICY_MODEL}/"):
+    if not model.startswith(f"models:/{POLICY_MODEL_NAME}/"):
         return {"promoted": False, "reason": "the policy was not registered (register_model off)"}
     version = model.rsplit("/", 1)[1]
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
     with mlflow.start_run(run_name="promotion", nested=mlflow.active_run() is not None):
         mlflow.set_tags({"dreamgym.stage": "promotion", "git_commit": git_commit(project),
-                         "dreamgym.policy": model})
-        mlflow.log_params(flatten({"promotion": config_to_dict(config.promotion)}))
-        decision = promotion_task(POLICY_MODEL, version, config.promotion)
+                         "dreamgym.data_md5": ingest_summary["data_md5"], "dreamgym.policy": model})
+        mlflow.log_params(flatten(config_to_dict(config)))
+        log_dataset(ingest_summary["validated_path"], ingest_summary["data_md5"], ingest_summary["dvc_file"])
+        decision = promotion_task(POLICY_MODEL_NAME, version, config, str(project))
         mlflow.log_metrics(decision["metrics"])
         mlflow.set_tags(decision["tags"])
         create_markdown_artifact(key="promotion", description="Promotion gate of the new policy version",
@@ -138,7 +140,7 @@ def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = Non
                 mlflow.set_tag("dreamgym.policy", policy["model"])
                 write_stage_metrics(project, config, summary, "policy")
             if until == "promotion":
-                summary["promotion"] = decision = promote(config, policy, str(project))
+                summary["promotion"] = decision = promote(config, ingested, policy, str(project))
                 mlflow.set_tag("dreamgym.promotion", "promoted" if decision["promoted"] else "rejected")
                 write_stage_metrics(project, config, summary, "promotion")
             mlflow.log_metrics(stage_metrics(summary))

@@ -37,7 +37,6 @@ from flows.caching import stage_key
 from flows.ingest import log_dataset, markdown_table
 
 
-
 def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

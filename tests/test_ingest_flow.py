@@ -18,22 +18,27 @@ TINY = {"games.train_count": 3, "games.test_count": 1, "collect.episodes_per_gam
         "env.max_steps": 30}
 
 
-@pytest.fixture
-def project(tmp_path, train_games, test_games) -> Path:
-    """A project checkout (its DVC stages and the code they depend on) with the session's games
-    already in place (same seed and settings)."""
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+def make_project(root: Path, train_games: list[Path], test_games: list[Path]) -> Path:
+    """A project checkout (its parameter file, DVC stages and the code they depend on) with the
+    session's games already in place (same seed and settings)."""
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    shutil.copytree(ROOT / "dreamgym", tmp_path / "dreamgym",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(ROOT / name, root / name)
+    for package in ("dreamgym", "flows"):
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     for split, games in (("train", train_games), ("test", test_games)):
-        target = tmp_path / "data" / "games" / split
+        target = root / "data" / "games" / split
         target.mkdir(parents=True)
         for game in games:
             for suffix in (".z8", ".json", ".ni"):
                 shutil.copy(game.with_suffix(suffix), target)
-    return tmp_path
+    return root
+
+
+@pytest.fixture
+def project(tmp_path, train_games, test_games) -> Path:
+    return make_project(tmp_path, train_games, test_games)
 
 
 def _runs(experiment: str):

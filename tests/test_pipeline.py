@@ -3,7 +3,6 @@ lineage and registry, Prefect task caching."""
 
 import datetime
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW
+from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
@@ -21,20 +20,7 @@ OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 
 @pytest.fixture
 def project(tmp_path, train_games, test_games) -> Path:
-    """A project with the repo's parameter file and DVC stages, the session's games in place."""
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    # The code the DVC stages depend on.
-    for package in ("dreamgym", "flows"):
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    for split, games in (("train", train_games), ("test", test_games)):
-        target = tmp_path / "data" / "games" / split
-        target.mkdir(parents=True)
-        for game in games:
-            for suffix in (".z8", ".json", ".ni"):
-                shutil.copy(game.with_suffix(suffix), target)
-    return tmp_path
+    return make_project(tmp_path, train_games, test_games)
 
 
 def _task_states(since: datetime.datetime) -> dict[str, set[str]]:
@@ -90,7 +76,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert {run.data.tags["dreamgym.stage"] for run in children} == {
         "ingest", "train-experience", "train-policy", "promotion"}
     data_md5 = first["ingest"]["data_md5"]
-    for run in [parent] + [run for run in children if run.data.tags["dreamgym.stage"] != "promotion"]:
+    for run in [parent, *children]:
         assert run.data.params["rl.epochs"] == "1" and run.data.params["seed"] == "0", run.info.run_name
         assert [i.dataset.digest for i in run.inputs.dataset_inputs] == [data_md5], run.info.run_name
         assert run.data.tags["git_commit"]
@@ -159,3 +145,86 @@ def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     [deployment] = [d for d in spec["deployments"] if d["name"] == "nightly"]
     pipeline.validate_parameters(deployment.get("parameters") or {})
+
+
+def _write_params(project: Path, overrides: dict) -> Path:
+    """The repo's params.yaml with dotted-key overrides, as the project's own parameter file."""
+    values = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key, value in overrides.items():
+        *parents, last = key.split(".")
+        section = values
+        for part in parents:
+            section = section[part]
+        section[last] = value
+    path = project / "params.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+# RL long enough (3 epochs of a few seconds) to be killed between two checkpoints.
+KILLABLE = {**OVERRIDES, "rl.epochs": 3, "rl.max_steps": 8}
+
+
+def _timeless(keys: set[str]) -> set[str]:
+    return {key for key in keys if not any(word in key for word in ("seconds", "per_second", "runtime"))}
+
+
+def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, train_games, test_games,
+                                                                     prefect_server, mlflow_tracking):
+    """Killed during RL then started again: no duplicated rows or versions, and the same metrics
+    as an uninterrupted run of the same seed in another project (CPU runs are reproducible)."""
+    import os
+    import signal
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.pipeline import pipeline
+
+    killed = make_project(tmp_path / "killed", train_games, test_games)
+    params = _write_params(killed, KILLABLE)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    process = subprocess.Popen([sys.executable, "-m", "dreamgym.cli", "run", "--params", str(params)], env=env,
+                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    deadline = time.monotonic() + 900
+    while not list(killed.glob("outputs/policy/rl-*/epochs/epoch-1/state.json")):
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "RL never wrote its first checkpoint"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    done = list(killed.glob("outputs/policy/rl-*/epochs/epoch-*/state.json"))
+    assert len(done) < KILLABLE["rl.epochs"], "the run finished RL before it could be killed"
+
+    resumed = pipeline(str(params))
+    client = MlflowClient()
+    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 1
+    assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
+    from sqlalchemy import text
+
+    from dreamgym.buffer.migrations import open_migrated
+    from dreamgym.config import load_config
+
+    config = load_config(params)
+    with open_migrated(killed / config.paths.run_dir, config.buffer) as database:
+        with database.engine.connect() as connection:
+            counts = dict(connection.execute(text("SELECT source, count(*) FROM transitions GROUP BY source")).all())
+    # Every real transition once (content hashes are unique); at most the RL run's synthetic steps
+    # written back (the tiny experience model's unparseable predictions are not transitions).
+    assert counts["real"] == resumed["ingest"]["collection"]["transitions"]
+    assert counts.get("synthetic", 0) <= resumed["policy"]["rl"]["synthetic_transitions"]
+    assert resumed["policy"]["rl"]["epochs"] == KILLABLE["rl.epochs"]
+
+    # The same seed in a fresh project, uninterrupted: the same figures everywhere.
+    fresh = make_project(tmp_path / "fresh", train_games, test_games)
+    uninterrupted = pipeline(str(_write_params(fresh, KILLABLE)))
+    first, second = (client.get_run(summary["mlflow_run_id"]).data.metrics for summary in (resumed, uninterrupted))
+    assert first == second and "eval_dreamgym_success_rate" in first
+    # The RL curves' last values (the resumed run logged the epochs after the kill).
+    first, second = (client.get_run(summary["policy"]["mlflow_run_id"]).data.metrics
+                     for summary in (resumed, uninterrupted))
+    learned = {key for key in first if key.startswith(("rl_", "eval_"))}
+    assert learned and {key: first[key] for key in _timeless(learned)} == {key: second[key] for key in _timeless(learned)}
+    assert resumed["policy"]["evaluations"][-1]["success_rate"] == \
+        uninterrupted["policy"]["evaluations"][-1]["success_rate"]

@@ -94,7 +94,7 @@ def test_entrypoint_is_the_pipeline_flow(spec, pipeline_flow):
     assert isinstance(pipeline_flow, Flow)
     assert pipeline_flow.name == "dreamgym-pipeline"
     assert pipeline_flow.validate_parameters(dict(spec.parameters)) == {
-        "params": "params.yaml", "overrides": None, "refresh": False}
+        "params": "params.yaml", "overrides": None, "refresh": False, "until": "promotion"}
     with pytest.raises(Exception, match="params"):
         pipeline_flow.validate_parameters({"params": ["not", "a", "path"]})
 
@@ -226,17 +226,12 @@ def test_serve_serves_the_deployment(spec, pipeline_flow, offline_prefect, resto
     assert (schedule.cron, schedule.timezone) == (spec.cron, spec.timezone)
 
 
-def test_serve_needs_a_server_and_the_deployment_params(restored_environ, monkeypatch, tmp_path):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def test_serve_refuses_a_params_file_the_deployment_does_not_run(restored_environ, monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     from dreamgym.cli import app
 
     monkeypatch.chdir(tmp_path)
-    with temporary_settings(restore_defaults={PREFECT_API_URL}):
-        result = CliRunner().invoke(app, ["serve", "--params", str(REPO / "params.yaml")])
-    assert isinstance(result.exception, DreamgymError), result.exception
-    assert "no Prefect server" in str(result.exception) and "prefect server start" in str(result.exception)
 
     # A parameter file other than the one the deployment runs with: refused, not silently ignored.
     project = tmp_path / "project"
@@ -247,3 +242,36 @@ def test_serve_needs_a_server_and_the_deployment_params(restored_environ, monkey
     assert isinstance(result.exception, DreamgymError), result.exception
     assert "deployment 'nightly' runs with params='params.yaml' (prefect.yaml)" in str(result.exception)
     assert Path.cwd() == tmp_path  # nothing was served, no change of directory
+
+
+def test_serve_without_a_server_starts_one_with_a_scheduler_and_stops_it(restored_environ, monkeypatch, tmp_path):
+    """No PREFECT_API_URL: `dreamgym serve` starts a Prefect server (its own, in the run
+    directory's Prefect home), serves against it, and stops it when serving ends."""
+    import socket
+
+    from prefect import Flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from typer.testing import CliRunner
+
+    from dreamgym.cli import app
+    from dreamgym.schedule import _healthy
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    seen = {}
+
+    def serve(self, **kwargs):
+        seen["url"] = PREFECT_API_URL.value()
+        seen["healthy"] = _healthy(seen["url"])
+
+    monkeypatch.setattr(Flow, "serve", serve)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.chdir(tmp_path)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        result = CliRunner().invoke(app, ["serve", "--port", str(port), "--params", str(REPO / "params.yaml")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert seen == {"url": f"http://127.0.0.1:{port}/api", "healthy": True}
+    assert not _healthy(seen["url"]), "the server outlived serving"
+    assert (tmp_path / "prefect-home" / "server.log").is_file()

@@ -49,6 +49,9 @@ def load_migrations(embedding_dim: int, directory: Path = MIGRATIONS_DIR) -> lis
         sql = path.read_text().replace("{embedding_dim}", str(embedding_dim))
         migrations.append(Migration(version=int(match[1]), name=path.stem, sql=sql,
                                     checksum=hashlib.sha256(sql.encode()).hexdigest()))
+    if not migrations:
+        raise MigrationError(f"no migration files (NNN_name.sql) in {directory}: the buffer's schema ships "
+                             "in the checkout's sql/ folder; run from a complete checkout")
     versions = [m.version for m in migrations]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"two migration files share a number in {directory}")
