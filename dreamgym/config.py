@@ -221,7 +221,7 @@ class CurriculumConfig:
         "Task score: 'entropy' of the task's success rate (bits) or 'variance' of its episode "
         "returns, over its recent rollouts.")] = "entropy"
     window: Annotated[int, _help("Recent rollouts per task that count towards its score.", ge=1)] = 32
-    tasks_per_epoch: Annotated[int, _help("Tasks drawn for each RL epoch.", ge=1)] = 16
+    tasks_per_epoch: Annotated[int, _help("Tasks drawn for each RL epoch.", ge=1)] = 8
     variation_fraction: Annotated[float, _help(
         "λ: share of each epoch's tasks that are new variations written by the experience model "
         "(rejected ones are replaced by pool tasks); 0 writes none.", ge=0.0, le=1.0)] = 0.25
@@ -278,9 +278,9 @@ class RLConfig:
     reward: Annotated[Literal["outcome", "score"], _help(
         "'outcome': 1 at the end of a won episode, else 0 (the paper's choice); 'score': the "
         "game's score increases (the env's step rewards).")] = "outcome"
-    epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 4
+    epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 2
     group_size: Annotated[int, _help("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
-    max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 30
+    max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 20
     learning_rate: Annotated[float, _help("Adam learning rate of the RL updates.", gt=0)] = 1e-3
     update_epochs: Annotated[int, _help("Passes over each epoch's rollouts.", ge=1)] = 2
     minibatch_size: Annotated[int, _help("Decisions per gradient step.", ge=1)] = 64
