@@ -51,7 +51,7 @@ def run(params: ParamsOption = Path("params.yaml"),
     table = Table(title="dreamgym run", show_header=False)
     for label, value in pipeline_rows(summary):
         table.add_row(label, value)
-    out = Console(soft_wrap=True)
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)  # a log file gets whole rows
     out.print(table)
     out.print(f"MLflow UI:  mlflow ui --backend-store-uri {services['MLFLOW_TRACKING_URI']}\n"
               f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start")
