@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from dreamgym.benchmark import machine  # noqa: F401 - the benchmarks' machine record
 from dreamgym.config import PipelineConfig, load_config
 from dreamgym.registry import resolve_model
 from dreamgym.tracking import configure_services
@@ -33,7 +30,4 @@ def model_setup(params: Path, model: str) -> Setup:
     return Setup(config, project, run_dir, Path(model_dir), label)
 
 
-def machine() -> dict:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "torch_threads": torch.get_num_threads()}
+

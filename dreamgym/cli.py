@@ -86,6 +86,39 @@ def lineage(
 
 
 @app.command()
+def bench(
+    games: Annotated[Path, typer.Option("--games", help="Held-out games every row is evaluated on "
+                                                        "(e.g. data/games/test).")],
+    json_out: Annotated[Path, typer.Option("--json", help="Where to write the rows (JSON; the Markdown "
+                                                          "table and PNG go beside it).")],
+    seeds: Annotated[str | None, typer.Option(help="Comma-separated training seeds [default: params seed].")] = None,
+    real_budget: Annotated[int | None, typer.Option(help="N: real transitions of real-env RL (S2R gets N/10) "
+                                                         "[default: rl.real_budget].")] = None,
+    rows: Annotated[str | None, typer.Option(help="Comma-separated rows to run [default: all: bc, real-grpo, "
+                                                  "real-ppo, dreamgym-grpo, dreamgym-ppo, dreamgym-s2r-grpo, "
+                                                  "no-retrieval, no-history, no-reasoning, no-curriculum].")] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """The paper's regimes and ablations on the same data and held-out games (dreamgym/benchmark.py)."""
+    from dreamgym.benchmark import bench_plan  # noqa: PLC0415
+    from dreamgym.tracking import configure_services  # noqa: PLC0415
+
+    config = _config(params)
+    try:
+        seed_list = [int(seed) for seed in seeds.split(",")] if seeds else None
+    except ValueError:
+        raise DreamgymError(f"--seeds {seeds!r}: give whole numbers separated by commas, e.g. 0,1,2") from None
+    row_names = [name.strip() for name in rows.split(",")] if rows else None
+    bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
+    configure_services(params.resolve().parent / config.paths.run_dir)
+    from flows.bench import bench as run_bench  # noqa: PLC0415 - imports Prefect, after its settings
+    from dreamgym.benchmark import check_targets, markdown  # noqa: PLC0415
+
+    results = run_bench(str(params), str(games), str(json_out), seed_list, real_budget, row_names)
+    Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)
+
+
+@app.command()
 def games(
     split: Annotated[str, typer.Option(help="train, valid or test (tw-cooking's food splits).")] = "train",
     count: Annotated[int | None, typer.Option(help="Games to make [default: games.train_count, or "

@@ -201,7 +201,7 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.policy", model)
         result = {"mlflow_run_id": run.info.run_id, "model": model, "bc": bc,
-                  "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "reused": rl.reused,
+                  "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "reused": rl.reused, "history": rl.history,
                          "real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
                          "algorithm": config.rl.algorithm, "env": config.rl.env},
                   "evaluations": evals}

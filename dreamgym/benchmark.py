@@ -1,0 +1,159 @@
+"""The paper's three regimes and ablations on our environment: the rows of `dreamgym bench`, the
+check of its claims, and the table and figure of a run.
+
+Every row is one configuration of the same pipeline (same offline data, same held-out games, same
+BC start): BC alone; GRPO / PPO in the real games with a budget of N real transitions; GRPO / PPO
+only in DreamEnv (no online real transitions); DreamGym followed by real RL with N/10 (sim-to-real);
+and DreamGym with one part switched off (retrieval, history, reasoning, curriculum).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dreamgym.errors import DreamgymError
+from dreamgym.plots import new_figure, save_figure
+
+BC = "bc"
+DREAMGYM = "dreamgym-grpo"
+REAL = "real-grpo"
+S2R = "dreamgym-s2r-grpo"
+ABLATIONS = ("no-retrieval", "no-history", "no-reasoning", "no-curriculum")
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One configuration to train and evaluate: `overrides` are dotted params.yaml keys."""
+
+    name: str
+    overrides: dict = field(default_factory=dict)
+
+
+def machine() -> dict:
+    """What a measurement ran on."""
+    import torch  # noqa: PLC0415 - slow import
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def bench_plan(real_budget: int, names: Sequence[str] | None = None) -> list[BenchRow]:
+    """The rows, in table order; `names` picks some (BC is measured by every policy run)."""
+    if real_budget < 10:
+        raise DreamgymError(f"--real-budget {real_budget}: need at least 10 real transitions (sim-to-real "
+                            "gets a tenth of them)")
+    dream = {"rl.env": "dream", "rl.s2r_budget": 0}
+    real = {"rl.env": "real", "rl.real_budget": real_budget, "rl.s2r_budget": 0}
+    rows = [
+        BenchRow(BC, {**dream, "rl.algorithm": "grpo"}),
+        BenchRow(REAL, {**real, "rl.algorithm": "grpo"}),
+        BenchRow("real-ppo", {**real, "rl.algorithm": "ppo"}),
+        BenchRow(DREAMGYM, {**dream, "rl.algorithm": "grpo"}),
+        BenchRow("dreamgym-ppo", {**dream, "rl.algorithm": "ppo"}),
+        BenchRow(S2R, {**dream, "rl.algorithm": "grpo", "rl.s2r_budget": real_budget // 10}),
+        BenchRow("no-retrieval", {**dream, "rl.algorithm": "grpo", "experience.neighbours": 0}),
+        BenchRow("no-history", {**dream, "rl.algorithm": "grpo", "experience.history": 0}),
+        BenchRow("no-reasoning", {**dream, "rl.algorithm": "grpo", "experience.reasoning": False}),
+        BenchRow("no-curriculum", {**dream, "rl.algorithm": "grpo", "curriculum.enabled": False}),
+    ]
+    if names is None:
+        return rows
+    known = {row.name for row in rows}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise DreamgymError(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    return [row for row in rows if row.name in names]
+
+
+def row_result(name: str, seed: int, policy: Mapping, wall_seconds: float) -> dict:
+    """A row's figures from the policy flow's summary: BC's evaluation for the `bc` row, else the
+    trained policy's; real and synthetic transitions are those its training consumed."""
+    evaluations = {e["name"]: e for e in policy["evaluations"]}
+    rl = policy["rl"]
+    if name == BC:
+        evaluation = evaluations["bc"]
+        used = {"real_transitions": 0, "synthetic_transitions": 0,
+                "train_seconds": policy["bc"]["seconds"], "history": []}
+    else:
+        evaluation = evaluations["dreamgym"]
+        used = {"real_transitions": rl["real_transitions"], "synthetic_transitions": rl["synthetic_transitions"],
+                "train_seconds": rl["seconds"], "history": rl.get("history", [])}
+    return {"name": name, "seed": seed, "success_rate": evaluation["success_rate"], "ci95": evaluation["ci95"],
+            "wins": evaluation["wins"], "episodes": evaluation["episodes"],
+            "mean_return": evaluation["mean_return"], "eval_real_transitions": evaluation["real_transitions"],
+            **used, "wall_seconds": wall_seconds, "policy_dir": evaluation["policy_dir"],
+            "mlflow_run_id": policy["mlflow_run_id"]}
+
+
+def _mean_rate(rows: Sequence[Mapping], name: str) -> float | None:
+    rates = [row["success_rate"] for row in rows if row["name"] == name]
+    return sum(rates) / len(rates) if rates else None
+
+
+def check_targets(rows: Sequence[Mapping]) -> list[dict]:
+    """The paper's claims, scaled, against the measured rows (means over seeds): each with the
+    numbers it compared and whether it holds; claims whose rows were not run are left out."""
+    rate = {name: _mean_rate(rows, name) for name in {row["name"] for row in rows}}
+    upper = {name: max(row["ci95"][1] for row in rows if row["name"] == name) for name in rate}
+    targets = []
+    if DREAMGYM in rate and REAL in rate:
+        targets.append({"target": "DreamGym (0 online real transitions) >= real-env GRPO at budget N, within the CI",
+                        "holds": upper[DREAMGYM] >= rate[REAL],
+                        "numbers": f"dreamgym {rate[DREAMGYM]:.3f} (CI upper {upper[DREAMGYM]:.3f}) vs real {rate[REAL]:.3f}"})
+    if S2R in rate and REAL in rate and BC in rate:
+        gain_s2r, gain_real = rate[S2R] - rate[BC], rate[REAL] - rate[BC]
+        targets.append({"target": "DreamGym-S2R (N/10 real) beats real-env GRPO at N and gains >= 40% more over BC",
+                        "holds": rate[S2R] > rate[REAL] and gain_s2r >= 1.4 * gain_real and gain_s2r > 0,
+                        "numbers": f"s2r {rate[S2R]:.3f}, real {rate[REAL]:.3f}, bc {rate[BC]:.3f}: gains "
+                                   f"{gain_s2r:+.3f} vs {gain_real:+.3f}"})
+    for ablation in ABLATIONS:
+        if ablation in rate and DREAMGYM in rate:
+            targets.append({"target": f"{ablation} lowers DreamGym's success rate",
+                            "holds": rate[ablation] < rate[DREAMGYM],
+                            "numbers": f"{ablation} {rate[ablation]:.3f} vs dreamgym {rate[DREAMGYM]:.3f}"})
+    return targets
+
+
+def markdown(rows: Sequence[Mapping], targets: Sequence[Mapping]) -> str:
+    lines = ["| row | seed | success (95% CI) | mean return | real transitions | synthetic transitions | "
+             "train time | wall time |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lo, hi = row["ci95"]
+        lines.append(f"| {row['name']} | {row['seed']} | {row['wins']}/{row['episodes']} = {row['success_rate']:.1%} "
+                     f"({lo:.1%}-{hi:.1%}) | {row['mean_return']:.2f} | {row['real_transitions']} | "
+                     f"{row['synthetic_transitions']} | {row['train_seconds'] / 60:.1f} min | "
+                     f"{row['wall_seconds'] / 60:.1f} min |")
+    if targets:
+        lines += ["", "| target | holds | numbers |", "|---|---|---|"]
+        lines += [f"| {t['target']} | {'yes' if t['holds'] else 'no'} | {t['numbers']} |" for t in targets]
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[Mapping], path: str | Path) -> Path:
+    """Left: success on the held-out games against the real transitions training used (95% CI);
+    right: the RL runs' success rate (rollouts) per epoch."""
+    figure, _ = new_figure(12, 4.5)
+    figure.clear()
+    left, right = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
+    for row in rows:
+        rate, (lo, hi) = row["success_rate"], row["ci95"]
+        left.errorbar(row["real_transitions"], rate, yerr=[[rate - lo], [hi - rate]], fmt="o", capsize=4)
+        left.annotate(f"{row['name']} (s{row['seed']})", (row["real_transitions"], rate), fontsize=7,
+                      textcoords="offset points", xytext=(4, 4))
+        points = [(entry["epoch"], entry["success_rate"]) for entry in row["history"] if "success_rate" in entry]
+        if points:
+            right.plot(*zip(*points), "o-", markersize=3, label=f"{row['name']} (s{row['seed']})")
+    left.set(xlabel="real transitions used in training", ylabel="success rate (held-out games)",
+             title="success vs real transitions", ylim=(-0.02, 1.02))
+    right.set(xlabel="RL epoch", ylabel="success rate (rollouts)", title="learning curves", ylim=(-0.02, 1.02))
+    if right.lines:
+        right.legend(fontsize=7)
+    for axes in (left, right):
+        axes.grid(alpha=0.3)
+    return save_figure(figure, path)
