@@ -24,6 +24,7 @@ DREAMGYM = "dreamgym-grpo"
 REAL = "real-grpo"
 S2R = "dreamgym-s2r-grpo"
 ABLATIONS = ("no-retrieval", "no-history", "no-reasoning", "no-curriculum")
+UNTIL_BUDGET = 10_000  # epochs of real-env RL: more than any budget needs
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def bench_plan(real_budget: int, names: Sequence[str] | None = None) -> list[Ben
         raise DreamgymError(f"--real-budget {real_budget}: need at least 10 real transitions (sim-to-real "
                             "gets a tenth of them)")
     dream = {"rl.env": "dream", "rl.s2r_budget": 0}
-    real = {"rl.env": "real", "rl.real_budget": real_budget, "rl.s2r_budget": 0}
+    # Real-env RL runs until its budget is spent: the budget, not the epoch count, ends it.
+    real = {"rl.env": "real", "rl.real_budget": real_budget, "rl.s2r_budget": 0, "rl.epochs": UNTIL_BUDGET}
     rows = [
         BenchRow(BC, {**dream, "rl.algorithm": "grpo"}),
         BenchRow(REAL, {**real, "rl.algorithm": "grpo"}),
