@@ -388,9 +388,8 @@ def policy_eval(
     """Success rate of a policy in the real game on held-out games, with its 95% interval."""
     import mlflow  # noqa: PLC0415
 
-    from dreamgym.data.games import list_games  # noqa: PLC0415
     from dreamgym.evaluation import (  # noqa: PLC0415
-        episodes_path, evaluate_policy, log_evaluation, write_episodes, write_json)
+        episodes_path, evaluate_policy, held_out_games, log_evaluation, write_episodes, write_json)
     from dreamgym.policy.model import load_policy  # noqa: PLC0415
     from dreamgym.registry import resolve_model  # noqa: PLC0415
     from dreamgym.tracking import configure_services, experiment_id, git_commit  # noqa: PLC0415
@@ -401,7 +400,7 @@ def policy_eval(
     settings = config.evaluation
     project = params.resolve().parent
     run_dir = project / config.paths.run_dir
-    game_files = list_games(games)[:settings.games or None]
+    game_files = held_out_games(config, games)
     if not policy.startswith("models:/") and "/" in policy and not Path(policy).is_dir():  # a path, not a name
         raise DreamgymError(f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
                             "give a registered one, e.g. models:/dreamgym-policy@champion")

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from dreamgym.config import PipelineConfig, config_to_dict
+from dreamgym.data.games import list_games
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.model import Policy
@@ -73,6 +75,17 @@ def eval_set_id(game_names: Sequence[str], settings: dict, seed: int) -> str:
     """
     content = json.dumps({"games": sorted(game_names), "settings": settings, "seed": seed}, sort_keys=True)
     return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
+def held_out_games(config: PipelineConfig, games_dir: str | Path) -> list[Path]:
+    """The frozen held-out set: the first `evaluation.games` (0: all) games of `games_dir` (the
+    test split, `<data_dir>/games/test`), sorted."""
+    return list_games(games_dir)[:config.evaluation.games or None]
+
+
+def current_eval_set(config: PipelineConfig, games: list[Path]) -> str:
+    """The `eval_set_id` of `games` under the config's evaluation settings and seed."""
+    return eval_set_id([game.name for game in games], config_to_dict(config.evaluation), config.seed)
 
 
 @dataclass(frozen=True)

@@ -274,28 +274,12 @@ def gate(name: str, challenger_version: str, config: PromotionConfig, *,
 # Measuring a policy on the current held-out set --------------------------------------------------
 
 
-def held_out_games(config: PipelineConfig, games_dir: str | Path) -> list[Path]:
-    """The frozen held-out set: the first `evaluation.games` (0: all) games of `games_dir` (the
-    test split, `<data_dir>/games/test`), sorted."""
-    from dreamgym.data.games import list_games  # noqa: PLC0415
-
-    return list_games(games_dir)[:config.evaluation.games or None]
-
-
-def current_eval_set(config: PipelineConfig, games: list[Path]) -> str:
-    """The `eval_set_id` of `games` under the config's evaluation settings and seed."""
-    from dreamgym.config import config_to_dict  # noqa: PLC0415
-    from dreamgym.evaluation import eval_set_id  # noqa: PLC0415 - imports torch
-
-    return eval_set_id([game.name for game in games], config_to_dict(config.evaluation), config.seed)
-
-
 def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Callable[[str], Score]:
     """`gate`'s `evaluate`: play a registered policy on the current held-out games, greedy or
     seeded as `evaluation` says, and return its Score there. Nothing is loaded until it is called."""
 
     def evaluate(reference: str) -> Score:
-        from dreamgym.evaluation import evaluate_policy  # noqa: PLC0415
+        from dreamgym.evaluation import current_eval_set, evaluate_policy, held_out_games  # noqa: PLC0415
         from dreamgym.policy.model import load_policy  # noqa: PLC0415
         from dreamgym.registry import resolve_model  # noqa: PLC0415
 

@@ -24,12 +24,13 @@ from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
-from dreamgym.evaluation import episodes_path, evaluate_policy, evaluation_metrics, write_episodes, write_json
+from dreamgym.evaluation import (current_eval_set, episodes_path, evaluate_policy, evaluation_metrics,
+                                 held_out_games, write_episodes, write_json)
 from dreamgym.experience.variations import seed_tasks, variation_writer
 from dreamgym.policy.bc import bc_examples, initial_policy, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
-from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME, current_eval_set, held_out_games, set_challenger
+from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME, set_challenger
 from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.tracking import experiment_id, git_commit
