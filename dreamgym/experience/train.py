@@ -168,21 +168,29 @@ def _run_identity(examples: Sequence[dict[str, str]], eval_examples: Sequence[di
             "settings": {**settings, "seed": seed}}
 
 
-def _claim_directory(output_dir: Path, identity: dict[str, Any]) -> None:
-    """Record which run the directory holds, or refuse if it holds another one."""
+def claim_run_directory(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """Record in `output_dir/run.json` which run the directory holds (a training or RL run's
+    identity). Returns None when the directory is new or holds this run, else the identity it
+    holds, for the caller to refuse with what differs."""
     path = output_dir / "run.json"
     if path.is_file():
         recorded = json.loads(path.read_text())
-        if recorded != identity:
-            changed = [key for key in ("examples", "eval_examples") if recorded.get(key) != identity[key]]
-            changed += [key for key, value in identity["settings"].items()
-                        if recorded.get("settings", {}).get(key) != value]
-            raise DreamgymError(
-                f"{output_dir} holds a training run with different {', '.join(changed)}; use another "
-                "output directory, or pass resume=False to delete it and start afresh")
-        return
+        return None if recorded == identity else recorded
     output_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(identity, indent=1))
+    return None
+
+
+def _claim_directory(output_dir: Path, identity: dict[str, Any]) -> None:
+    """Record which training run the directory holds, or refuse if it holds another one."""
+    recorded = claim_run_directory(output_dir, identity)
+    if recorded is not None:
+        changed = [key for key in ("examples", "eval_examples") if recorded.get(key) != identity[key]]
+        changed += [key for key, value in identity["settings"].items()
+                    if recorded.get("settings", {}).get(key) != value]
+        raise DreamgymError(
+            f"{output_dir} holds a training run with different {', '.join(changed)}; use another "
+            "output directory, or pass resume=False to delete it and start afresh")
 
 
 def _clear_directory(output_dir: Path) -> None:

@@ -41,7 +41,7 @@ from dreamgym.curriculum import Curriculum
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.train import progress_bars
+from dreamgym.experience.train import claim_run_directory, progress_bars
 from dreamgym.policy.model import Policy, load_policy
 from dreamgym.rl.common import Sample
 from dreamgym.rl.grpo import GRPO
@@ -110,16 +110,12 @@ def _policy_digest(path: Path) -> str:
 
 
 def _claim(output_dir: Path, identity: dict[str, Any]) -> None:
-    path = output_dir / "run.json"
-    if path.is_file():
-        recorded = json.loads(path.read_text())
-        if recorded != identity:
-            changed = sorted(key for key in identity if recorded.get(key) != identity[key])
-            raise DreamgymError(f"{output_dir} holds an RL run with different {', '.join(changed)}; use "
-                                "another output directory or delete it to start afresh")
-        return
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity, indent=1))
+    """Record which RL run the directory holds, or refuse if it holds another one."""
+    recorded = claim_run_directory(output_dir, identity)
+    if recorded is not None:
+        changed = sorted(key for key in identity if recorded.get(key) != identity[key])
+        raise DreamgymError(f"{output_dir} holds an RL run with different {', '.join(changed)}; use "
+                            "another output directory or delete it to start afresh")
 
 
 def _epoch_dirs(output_dir: Path) -> list[Path]:
