@@ -40,6 +40,7 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
     # The ablation trained its own experience model (no retrieval) and its own policy from it.
     assert by_name["no-retrieval"]["policy_dir"] != by_name["dreamgym-grpo"]["policy_dir"]
     assert by_name["no-retrieval"]["synthetic_transitions"] > 0
+    assert not any(row["reused"] for row in rows), "a fresh project trains every row"
 
     assert out.with_suffix(".md").read_text().startswith("| row | seed | success")
     assert out.with_suffix(".png").stat().st_size > 0
@@ -65,12 +66,15 @@ def test_plan_and_targets():
     with pytest.raises(DreamgymError, match="at least 10 real transitions"):
         bench_plan(5)
 
-    def row(name, rate, upper):
-        return {"name": name, "success_rate": rate, "ci95": [0.0, upper]}
+    def row(name, rate, upper, fidelity=0.5):
+        return {"name": name, "success_rate": rate, "ci95": [0.0, upper], "experience_fidelity": fidelity}
 
     targets = {t["target"].split(" ")[0]: t["holds"] for t in check_targets([
         row("bc", 0.1, 0.3), row("real-grpo", 0.3, 0.5), row("dreamgym-grpo", 0.25, 0.45),
-        row("dreamgym-s2r-grpo", 0.45, 0.6), row("no-history", 0.3, 0.5), row("no-reasoning", 0.2, 0.4)])}
+        row("dreamgym-s2r-grpo", 0.45, 0.6), row("no-history", 0.3, 0.5), row("no-reasoning", 0.2, 0.4),
+        row("no-retrieval", 0.25, 0.45, fidelity=0.4), row("no-curriculum", 0.25, 0.45)])}
     # DreamGym's CI reaches real GRPO; S2R gains 0.35 over BC vs real's 0.2 (>= 1.4x); an ablation
-    # that does better than DreamGym does not hold.
-    assert targets == {"DreamGym": True, "DreamGym-S2R": True, "no-history": False, "no-reasoning": True}
+    # that does better than DreamGym does not hold; one that ties on success holds only if its
+    # experience model is less faithful.
+    assert targets == {"DreamGym": True, "DreamGym-S2R": True, "no-history": False, "no-reasoning": True,
+                       "no-retrieval": True, "no-curriculum": False}
