@@ -349,6 +349,10 @@ def experience_eval(
                   f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
                   f"parse failures {summary['parse_failure_rate']:.1%} on {summary['transitions']} "
                   f"transitions → {json_out}")
+    foreseen = summary["foreseeable"]
+    console.print(f"on the {foreseen['transitions']} foreseeable ones (next state names only what the "
+                  f"prompt shows): exact match {foreseen['next_state_exact_match']:.1%}, reward "
+                  f"{foreseen['reward_accuracy']:.1%}, done {foreseen['done_accuracy']:.1%}")
 
 
 @experience_app.command("ablate")

@@ -157,6 +157,8 @@ def experience_rows(summary: dict) -> list[tuple[str, str]]:
                                        f"{fidelity['next_state_exact_match']:.1%}, reward "
                                        f"{fidelity['reward_accuracy']:.1%}, done {fidelity['done_accuracy']:.1%}, "
                                        f"parse failures {fidelity['parse_failure_rate']:.1%}"),
+        ("… foreseeable from the prompt", f"{fidelity['foreseeable']['transitions']} of them: next state exact "
+                                         f"{fidelity['foreseeable']['next_state_exact_match']:.1%}"),
         ("MLflow run (experience)", summary["mlflow_run_id"]),
     ]
 

@@ -10,7 +10,8 @@ import torch
 
 from conftest import TINY_EXPERIENCE as TINY
 from dreamgym.experience.examples import history_of
-from dreamgym.experience.fidelity import evaluate, field_f1, set_f1
+from dreamgym.experience.format import Step
+from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
 from dreamgym.experience.generate import ExperienceModel, Query, trained_settings
 from dreamgym.experience.model import load_experience_model
 from dreamgym.state import AbstractState, parse_state
@@ -25,6 +26,24 @@ def test_set_and_field_f1():
     scores = field_f1(predicted, real)
     assert scores["location"] == 1.0 and scores["inventory"] == 0.0
     assert scores["visible"] == pytest.approx(2 / 3) and scores["actions"] == pytest.approx(2 / 3)
+
+
+def test_a_transition_is_foreseeable_when_the_prompt_names_everything_in_its_next_state():
+    kitchen = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
+                            ("go east", "open fridge", "take knife from table"))
+    query = lambda action, history=(): Query("Cook the red apple.", kitchen, action, history)  # noqa: E731
+    taken = AbstractState("kitchen", ("fridge (closed)", "table"), ("knife",), ("drop knife", "go east"))
+    assert foreseeable(query("take knife from table"), taken)
+    # Opening the fridge shows an apple: named in the instruction, so it could be known.
+    assert foreseeable(query("open fridge"), AbstractState("kitchen", ("fridge (open)", "red apple (in fridge)",
+                                                                      "knife (on table)", "table"), (), ()))
+    # ... but not a carrot, nor a room never seen before ...
+    assert not foreseeable(query("open fridge"), AbstractState("kitchen", ("fridge (open)", "carrot (in fridge)"), (), ()))
+    pantry = AbstractState("pantry", ("shelf",), (), ("go west",))
+    assert not foreseeable(query("go east"), pantry)
+    # ... unless the history went there: its name is in the prompt (its contents still are not).
+    assert not foreseeable(query("go east", (Step("go west", 0, "pantry"),)), pantry)
+    assert foreseeable(query("go east", (Step("go west", 0, "pantry"),)), AbstractState("pantry", (), (), ()))
 
 
 def _queries(rows: list[dict]) -> list[Query]:
@@ -75,6 +94,12 @@ def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
     for record in report.records:
         if record["exact_match"]:
             assert all(record[f"f1_{name}"] == 1.0 for name in ("location", "visible", "inventory", "actions"))
+    foreseen = [r for r in report.records if r["foreseeable"]]
+    assert summary["foreseeable"]["transitions"] == len(foreseen)
+    assert summary["foreseeable_fraction"] == pytest.approx(len(foreseen) / len(first_episode))
+    if foreseen:
+        assert summary["foreseeable"]["next_state_exact_match"] == pytest.approx(
+            sum(r["exact_match"] for r in foreseen) / len(foreseen))
     assert [entry["step"] for entry in summary["multi_step"]] == [1, 2, 3]
     assert summary["multi_step"][0]["episodes"] == 1
     # Memorised transitions are mostly predicted exactly: the measurement sees a working model.

@@ -8,6 +8,12 @@ saw (held-out games), the model's prediction is compared with what the game did:
   predicted state fed back as the next input (history included), compared step by step with the
   real states, for up to `horizon` steps. An unparsable prediction ends that replay; its remaining
   steps count as wrong.
+
+Some transitions cannot be predicted from anything the model is shown: in a held-out game, going
+into a room reveals what is there, opening a container what it holds. Each record says whether the
+transition is `foreseeable` (every place and item name of the real next state appears in the
+instruction, the current state or the history), and the summary gives the scores on those alone:
+how close the model comes on what it could know, and the ceiling of exact match on the rest.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.games import list_games
 from dreamgym.experience.format import Step
 from dreamgym.experience.generate import ExperienceModel, Prediction, Query
-from dreamgym.state import AbstractState, parse_state
+from dreamgym.state import AbstractState, item_name, parse_state
 
 FIELDS = ("location", "visible", "inventory", "actions")
 
@@ -57,6 +63,15 @@ def field_f1(predicted: AbstractState, real: AbstractState) -> dict[str, float]:
     return scores
 
 
+def foreseeable(query: Query, real_next: AbstractState) -> bool:
+    """Whether every place and item the real next state names is named in the query already (its
+    instruction, state or history): otherwise no model could write that state from the prompt."""
+    shown = "\n".join([query.instruction, query.state.to_text(),
+                       *(f"{step.location}: {step.action}" for step in query.history)])
+    names = [real_next.location, *map(item_name, real_next.visible), *map(item_name, real_next.inventory)]
+    return all(name in shown for name in names)
+
+
 def real_done(row: dict) -> bool:
     """The environment ended the episode (a time limit is not part of the dynamics)."""
     return bool(row["terminated"])
@@ -73,11 +88,12 @@ def _step(row: dict, state: AbstractState) -> Step:
     return Step(action=row["action"], reward=row["reward"], location=state.location)
 
 
-def _score(prediction: Prediction, row: dict) -> dict:
+def _score(prediction: Prediction, row: dict, query: Query) -> dict:
     """One example's record: what was predicted against what the game did."""
     real = parse_state(row["next_state"])
     record = {"trajectory_id": row["trajectory_id"], "step": row["step"], "action": row["action"],
-              "parsed": prediction.ok, "attempts": prediction.attempts, "error": prediction.error}
+              "foreseeable": foreseeable(query, real), "parsed": prediction.ok,
+              "attempts": prediction.attempts, "error": prediction.error}
     if prediction.ok:
         completion = prediction.completion
         record |= {"exact_match": completion.next_state == real,
@@ -110,8 +126,8 @@ def single_step(model: ExperienceModel, rows: Sequence[dict], batch_size: int = 
     records = []
     with tqdm(total=len(jobs), desc="fidelity: single step", unit="transition", disable=not progress) as bar:
         for batch in _batches(jobs, batch_size):
-            for (row, _), prediction in zip(batch, model.predict([query for _, query in batch])):
-                records.append(_score(prediction, row))
+            for (row, query), prediction in zip(batch, model.predict([query for _, query in batch])):
+                records.append(_score(prediction, row, query))
             bar.update(len(batch))
     return records
 
@@ -137,8 +153,8 @@ def open_loop(model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_
             queries = [Query(episodes[i][t]["instruction"], states[i], episodes[i][t]["action"],
                              tuple(histories[i][-model.config.history:] if model.config.history else ()),
                              episodes[i][t]["trajectory_id"]) for i in batch]
-            for i, prediction in zip(batch, model.predict(queries)):
-                records.append(_score(prediction, episodes[i][t]))
+            for i, query, prediction in zip(batch, queries, model.predict(queries)):
+                records.append(_score(prediction, episodes[i][t], query))
                 if not prediction.ok:
                     alive[i] = False
                     continue
@@ -166,15 +182,24 @@ def evaluate(model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_s
     n = len(records)
     if not n:
         raise ValueError("no real transitions to evaluate on")
-    mean = lambda key: sum(float(r[key]) for r in records) / n  # noqa: E731
     summary = {
-        "transitions": n,
-        "next_state_exact_match": mean("exact_match"),
-        "reward_accuracy": mean("reward_correct"),
-        "done_accuracy": mean("done_correct"),
-        "parse_failure_rate": 1 - mean("parsed"),
+        **_scores(records),
         "retried_rate": sum(r["attempts"] > 1 for r in records) / n,
-        "field_f1": {name: mean(f"f1_{name}") for name in FIELDS},
+        "field_f1": {name: _mean(records, f"f1_{name}") for name in FIELDS},
+        "foreseeable_fraction": _mean(records, "foreseeable"),
+        "foreseeable": _scores([r for r in records if r["foreseeable"]]),
         "multi_step": open_loop(model, rows, horizon, batch_size, progress) if horizon else [],
     }
     return FidelityReport(summary=summary, records=records)
+
+
+def _mean(records: Sequence[dict], key: str) -> float:
+    return sum(float(r[key]) for r in records) / len(records) if records else 0.0
+
+
+def _scores(records: Sequence[dict]) -> dict:
+    return {"transitions": len(records),
+            "next_state_exact_match": _mean(records, "exact_match"),
+            "reward_accuracy": _mean(records, "reward_correct"),
+            "done_accuracy": _mean(records, "done_correct"),
+            "parse_failure_rate": 1 - _mean(records, "parsed") if records else 0.0}

@@ -27,6 +27,8 @@ def flat_metrics(summary: dict, prefix: str = "fidelity_") -> dict[str, float]:
     metrics = {f"{prefix}{key}": float(value) for key, value in summary.items()
                if isinstance(value, int | float)}
     metrics |= {f"{prefix}f1_{name}": value for name, value in summary["field_f1"].items()}
+    if "foreseeable" in summary:
+        metrics |= {f"{prefix}foreseeable_{key}": float(value) for key, value in summary["foreseeable"].items()}
     return metrics
 
 
