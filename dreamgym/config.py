@@ -179,8 +179,9 @@ class ExperienceConfig:
     # Generation and evaluation
     max_new_tokens: Annotated[int, _help("Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8)] = 320
     constrain_removals: Annotated[bool, _help(
-        "While the model writes a removal in the next state, allow only items the current state "
-        "has (constrained decoding; the local backend only).")] = True
+        "Constrained decoding of the next state's list changes: a removal names only an item the "
+        "current state has, an addition or a replacement line never repeats an item (the local "
+        "backend only).")] = True
     retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
                                   "reported as a failure.", ge=0)] = 2
     backend: Annotated[Literal["local", "http"], _help(

@@ -106,8 +106,31 @@ def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
     assert summary["next_state_exact_match"] >= 0.5
 
 
+def test_additions_and_replacements_cannot_repeat_an_item(tiny_experience):
+    from dreamgym.experience.constrain import DeltaConstraint, repeated_entries
+
+    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+    assert repeated_entries(state, "<next_state>\ninventory: +knife; +car") == ("car", {"knife", "carrot"})
+    assert repeated_entries(state, "<next_state>\nvisible = table; kni") == ("kni", {"table"})
+    assert repeated_entries(state, "<next_state>\ninventory: -carrot") is None  # a removal: the other rule
+    assert repeated_entries(state, "<reasoning>inventory: +carrot") is None
+    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    constraint = DeltaConstraint(tokenizer, [state, state], prompt_length=0)
+    texts = ["<next_state>\ninventory: +carrot", "<next_state>\ninventory: +onion"]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    width = max(map(len, ids))
+    batch = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row in ids])
+    constraint.generated = list(texts)  # as if generated so far (the pad prefix decodes to nothing)
+    constraint.seen = width
+    scores = constraint(batch, torch.zeros(2, len(tokenizer)))
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
+    # 'carrot' is in the inventory already: ending the entry there is masked; 'onion' may end.
+    assert scores[0, newline] == float("-inf") and scores[1, newline] == 0
+    assert torch.isfinite(scores[0]).sum() > 0, "the entry may still go on"
+
+
 def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
-    from dreamgym.experience.constrain import RemovalConstraint, allowed_removals
+    from dreamgym.experience.constrain import DeltaConstraint, allowed_removals
 
     state = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), ("carrot",),
                           ("eat carrot", "open fridge"))
@@ -124,7 +147,7 @@ def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
         for _ in range(12):
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
             scores = torch.randn(1, len(tokenizer))
-            constrained = RemovalConstraint(tokenizer, [state], prompt_length=0)(ids, scores)
+            constrained = DeltaConstraint(tokenizer, [state], prompt_length=0)(ids, scores)
             text += tokenizer.decode([int(constrained.argmax())])
             if "; " in text[len(written):] or "\n" in text[len(written):]:
                 break  # the entry is complete (a token may run on past its end)

@@ -5,8 +5,13 @@ The commonest way a completion fails to parse is a removal of an item the state 
 item of another game. While the model writes a removal (`-...` in a `visible:`, `inventory:` or
 `actions:` line of the next state), this logits processor lets through only the tokens that keep
 the entry a prefix of an item of that field in the current state (not yet removed on the line),
-followed by the separator or the line's end. Everything else the model writes freely; the strict
-parser still reads the result.
+followed by the separator or the line's end.
+
+The next commonest failures repeat an item: an addition of what the field already holds or the
+line already added, or a replacement line (`visible = ...`) naming an item twice. While the model
+writes such an entry, a token that would end it (with the separator or the line's end) on a
+repeated item is masked, so the model must write a different item or go on with this one.
+Everything else the model writes freely; the strict parser still reads the result.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dreamgym.state import ITEM_SEPARATOR, AbstractState
 _OPEN = "<next_state>\n"
 _CLOSE = "</next_state>"
 _LIST_LINE = re.compile(r"(visible|inventory|actions): (.*)")
+_REPLACE_LINE = re.compile(r"(visible|inventory|actions) = (.*)")
+_ENTRY_END = re.compile(r";|\n")
 
 
 def allowed_removals(state: AbstractState, generated: str) -> tuple[str, list[str]] | None:
@@ -43,7 +50,28 @@ def allowed_removals(state: AbstractState, generated: str) -> tuple[str, list[st
     return partial[1:], endings
 
 
-class RemovalConstraint:
+def repeated_entries(state: AbstractState, generated: str) -> tuple[str, set[str]] | None:
+    """(the addition or replacement entry written so far, the items it must not end as) when
+    `generated` ends inside such an entry of a list field's line; None anywhere else."""
+    start = generated.rfind(_OPEN)
+    if start < 0 or _CLOSE in generated[start:]:
+        return None
+    line = generated[start + len(_OPEN):].rsplit("\n", 1)[-1]
+    change = _LIST_LINE.fullmatch(line)
+    if change:
+        entries = change[2].split(ITEM_SEPARATOR)
+        if not entries[-1].startswith("+"):
+            return None
+        added = {entry[1:] for entry in entries[:-1] if entry.startswith("+")}
+        return entries[-1][1:], added | set(getattr(state, change[1]))
+    replace = _REPLACE_LINE.fullmatch(line)
+    if replace:
+        entries = replace[2].split(ITEM_SEPARATOR)
+        return entries[-1], set(entries[:-1])
+    return None
+
+
+class DeltaConstraint:
     """A `LogitsProcessor` for a batch of prompts whose current states are `states`."""
 
     def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int):
@@ -57,6 +85,9 @@ class RemovalConstraint:
         for token, piece in enumerate(self.pieces):
             if piece:
                 self.by_first.setdefault(piece[0], []).append((token, piece))
+        # Tokens that end an entry: (token, the part of its piece before the separator or newline).
+        self.enders = [(token, piece[:match.start()]) for token, piece in enumerate(self.pieces)
+                       if (match := _ENTRY_END.search(piece))]
         self.generated = [""] * len(self.states)
         self.seen = prompt_length
 
@@ -66,6 +97,13 @@ class RemovalConstraint:
                 self.generated[row] += self.pieces[token] if token < len(self.pieces) else ""
         self.seen = input_ids.shape[1]
         for row, state in enumerate(self.states):
+            repeated = repeated_entries(state, self.generated[row])
+            if repeated is not None:
+                written, forbidden = repeated
+                masked = [token for token, head in self.enders
+                          if token < scores.shape[1] and written + head in forbidden]
+                scores[row, masked] = float("-inf")
+                continue
             found = allowed_removals(state, self.generated[row])
             if found is None:
                 continue

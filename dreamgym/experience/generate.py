@@ -29,7 +29,7 @@ from transformers import LogitsProcessorList
 
 from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.constrain import RemovalConstraint
+from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import worked_examples
 from dreamgym.experience.format import (Completion, FormatError, Step, Worked, format_prompt,
                                         parse_completion)
@@ -128,13 +128,13 @@ class ExperienceModel:
                  states: Sequence[AbstractState] | None = None) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
-        name an item the state has (`constrain.py`)."""
+        name an item the state has and an addition cannot repeat one (`constrain.py`)."""
         budget = self.config.max_length - self.config.max_new_tokens
         inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
                                 max_length=budget).to(self.model.device)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
-        constraint = ([RemovalConstraint(self.tokenizer, states, inputs["input_ids"].shape[1])]
+        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1])]
                       if states is not None and self.config.constrain_removals else [])
         output = self.model.generate(
             **inputs, logits_processor=LogitsProcessorList(constraint),
