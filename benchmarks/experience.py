@@ -9,6 +9,10 @@ held-out transitions (outputs/experience/fidelity_real.parquet, made by the trai
 at each batch size, and reports transitions/s and completion tokens/s (the tokens of the final
 completions; retried attempts cost time but are not counted), medians of --repeats; and, for the
 same prompts, the rate of one greedy batched `generate` alone (no retrieval, parsing or retries).
+
+Where the time goes, per batch size: the prompt pass (prefill) per prompt, one decoding step per
+batch row (a generate forced to 66 new tokens minus one of 2), and how long the batch's longest
+completion is against the mean one (a batch decodes until its last row stops).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import argparse
 import json
 import statistics
 import time
+
+import torch
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -72,17 +78,52 @@ def main() -> None:
                 for start in range(0, len(prompts), batch):
                     experience.generate(prompts[start:start + batch])
                 generate_rates.append(len(prompts) / (time.perf_counter() - started))
-            report["batches"][str(batch)] = {"generate_only_transitions_per_s": statistics.median(generate_rates),
+            split = cost_split(experience, prompts, batch, args.repeats)
+            report["batches"][str(batch)] = {**split,
+                                             "generate_only_transitions_per_s": statistics.median(generate_rates),
                                              "transitions_per_s": statistics.median(rates),
                                              "completion_tokens_per_s": statistics.median(token_rates),
                                              "parsed_fraction": statistics.median(parsed), "runs": rates}
             print(f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s (generate alone "
                   f"{statistics.median(generate_rates):6.2f}), "
-                  f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}",
-                  flush=True)
+                  f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}; "
+                  f"prefill {split['prefill_ms_per_prompt']:.0f} ms/prompt, decode "
+                  f"{split['decode_ms_per_row_step']:.2f} ms/row-step, longest/mean completion "
+                  f"{split['longest_over_mean_completion']:.2f}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
+
+
+@torch.inference_mode()
+def cost_split(experience, prompts: list[str], batch: int, repeats: int) -> dict:
+    """Prefill ms per prompt, decode ms per row and step (medians over batches and repeats), and
+    the mean over batches of longest / mean greedy completion length."""
+    tokenizer, model, config = experience.tokenizer, experience.model, experience.config
+
+    def encode(texts):
+        return tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                         max_length=config.max_length - config.max_new_tokens)
+
+    def forced(inputs, new_tokens: int) -> float:
+        started = time.perf_counter()
+        model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                       use_cache=True, cache_implementation="static", pad_token_id=tokenizer.pad_token_id)
+        return time.perf_counter() - started
+
+    prefill, decode, stretch = [], [], []
+    for start in range(0, len(prompts) - batch + 1, batch):
+        inputs = encode(prompts[start:start + batch])
+        for _ in range(repeats):
+            started = time.perf_counter()
+            model(**inputs)
+            prefill.append((time.perf_counter() - started) * 1000 / batch)
+            decode.append((forced(inputs, 66) - forced(inputs, 2)) * 1000 / 64 / batch)
+        lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"])
+                   for text in experience.generate(prompts[start:start + batch])]
+        stretch.append(max(lengths) / statistics.mean(lengths))
+    return {"prefill_ms_per_prompt": statistics.median(prefill), "decode_ms_per_row_step": statistics.median(decode),
+            "longest_over_mean_completion": statistics.mean(stretch)}
 
 
 if __name__ == "__main__":
