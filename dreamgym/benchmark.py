@@ -89,7 +89,8 @@ def row_result(name: str, seed: int, policy: Mapping, wall_seconds: float) -> di
     else:
         evaluation = evaluations["dreamgym"]
         used = {"real_transitions": rl["real_transitions"], "synthetic_transitions": rl["synthetic_transitions"],
-                "train_seconds": rl["seconds"], "reused": rl["reused"], "history": rl.get("history", [])}
+                "train_seconds": rl["seconds"] + rl.get("s2r_seconds", 0.0), "reused": rl["reused"],
+                "history": rl.get("history", [])}
     return {"name": name, "seed": seed, "success_rate": evaluation["success_rate"], "ci95": evaluation["ci95"],
             "wins": evaluation["wins"], "episodes": evaluation["episodes"],
             "mean_return": evaluation["mean_return"], "eval_real_transitions": evaluation["real_transitions"],

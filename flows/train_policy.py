@@ -10,6 +10,7 @@ depends on, so a re-run reuses finished work and a killed RL run resumes from it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -18,7 +19,7 @@ import mlflow
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from dreamgym.config import PipelineConfig, config_to_dict, flatten
+from dreamgym.config import PipelineConfig, RLConfig, config_to_dict, flatten
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
@@ -56,6 +57,14 @@ def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
                           "reused" if result.reused else f"{result.seconds:.0f}s")
     return {"untrained": str(untrained), "bc": str(result.model_dir), "examples": len(examples),
             "steps": result.steps, "seconds": result.seconds, "reused": result.reused}
+
+
+def dream_phase(config: PipelineConfig) -> PipelineConfig:
+    """`config` for RL in DreamEnv, with the real-env budgets it never reads at their defaults: so
+    DreamGym and DreamGym-S2R (whatever their real budgets) share one dream run, cached and on disk."""
+    defaults = RLConfig()
+    return dataclasses.replace(config, rl=dataclasses.replace(config.rl, real_budget=defaults.real_budget,
+                                                              s2r_budget=defaults.s2r_budget))
 
 
 def _log_epoch(prefix: str):
@@ -153,21 +162,22 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
         bc = bc_task(ingest_summary["validated_path"], str(bc_dir), config)
 
-        rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real", settings["rl"],
-                      settings["curriculum"])
+        phase = dream_phase(config) if config.rl.env == "dream" else config
+        rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real",
+                      config_to_dict(phase.rl), settings["curriculum"])
         rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
         if config.rl.env == "dream":
             rl = dream_rl_task(bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"], experience_label,
-                               ingest_summary["validated_path"], run_dir, config)
+                               ingest_summary["validated_path"], run_dir, phase)
         else:
             rl = real_rl_task(bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
-        final, real_used = rl.policy_dir, rl.real_transitions
+        final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
         curves = [plot_learning_curves(rl.history, rl_dir / "learning_curves.png",
                                        f"{config.rl.algorithm} in {config.rl.env}")]
         if config.rl.s2r_budget and config.rl.env == "dream":
             s2r = real_rl_task(str(rl.policy_dir), str(root / f"s2r-{rl_key}-{config.rl.s2r_budget}"),
                                train_games_dir, config.rl.s2r_budget, config, prefix="s2r_")
-            final, real_used = s2r.policy_dir, real_used + s2r.real_transitions
+            final, real_used, s2r_seconds = s2r.policy_dir, real_used + s2r.real_transitions, s2r.seconds
             curves.append(plot_learning_curves(s2r.history, Path(s2r.policy_dir).parent / "learning_curves.png",
                                                "sim-to-real: RL in the real games"))
         for curve in curves:
@@ -180,7 +190,7 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
             mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name']}_"))
             for path in (summary["json_path"], episodes_path(summary["json_path"])):
                 mlflow.log_artifact(str(path), artifact_path="evaluation")
-        comparison = plot_success(evals, root / f"success-{rl_key}.png",
+        comparison = plot_success(evals, root / f"success-{rl_key}-{config.rl.s2r_budget}.png",
                                   f"held-out games: {evals[0]['episodes']} episodes each")
         mlflow.log_artifact(str(comparison), artifact_path="policy")
         mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
@@ -202,7 +212,8 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.policy", model)
         result = {"mlflow_run_id": run.info.run_id, "model": model, "bc": bc,
-                  "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "reused": rl.reused, "history": rl.history,
+                  "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "s2r_seconds": s2r_seconds,
+                         "reused": rl.reused, "history": rl.history,
                          "real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
                          "algorithm": config.rl.algorithm, "env": config.rl.env},
                   "evaluations": evals}

@@ -37,6 +37,9 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
     assert by_name["dreamgym-grpo"]["real_transitions"] == 0 and by_name["dreamgym-grpo"]["synthetic_transitions"] > 0
     s2r = by_name["dreamgym-s2r-grpo"]
     assert 0 < s2r["real_transitions"] <= BUDGET // 10 and s2r["synthetic_transitions"] > 0
+    # Its DreamEnv phase is DreamGym's run, shared (the real budgets are not part of it).
+    assert s2r["synthetic_transitions"] == by_name["dreamgym-grpo"]["synthetic_transitions"]
+    assert s2r["train_seconds"] > by_name["dreamgym-grpo"]["train_seconds"], "S2R's real phase counts too"
     # The ablation trained its own experience model (no retrieval) and its own policy from it.
     assert by_name["no-retrieval"]["policy_dir"] != by_name["dreamgym-grpo"]["policy_dir"]
     assert by_name["no-retrieval"]["synthetic_transitions"] > 0
