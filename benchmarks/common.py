@@ -28,6 +28,3 @@ def model_setup(params: Path, model: str) -> Setup:
     configure_services(run_dir)
     model_dir, label = resolve_model(model, run_dir / "models")
     return Setup(config, project, run_dir, Path(model_dir), label)
-
-
-

@@ -99,11 +99,7 @@ def main() -> None:
 def cost_split(experience, prompts: list[str], batch: int, repeats: int) -> dict:
     """Prefill ms per prompt, decode ms per row and step (medians over batches and repeats), and
     the mean over batches of longest / mean greedy completion length."""
-    tokenizer, model, config = experience.tokenizer, experience.model, experience.config
-
-    def encode(texts):
-        return tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                         max_length=config.max_length - config.max_new_tokens)
+    tokenizer, model = experience.tokenizer, experience.model
 
     def forced(inputs, new_tokens: int) -> float:
         started = time.perf_counter()
@@ -113,7 +109,7 @@ def cost_split(experience, prompts: list[str], batch: int, repeats: int) -> dict
 
     prefill, decode, stretch = [], [], []
     for start in range(0, len(prompts) - batch + 1, batch):
-        inputs = encode(prompts[start:start + batch])
+        inputs = experience.encode(prompts[start:start + batch])
         for _ in range(repeats):
             started = time.perf_counter()
             model(**inputs)

@@ -98,15 +98,16 @@ def row_result(name: str, seed: int, policy: Mapping, wall_seconds: float) -> di
             "mlflow_run_id": policy["mlflow_run_id"]}
 
 
-def _mean_rate(rows: Sequence[Mapping], name: str) -> float | None:
-    rates = [row["success_rate"] for row in rows if row["name"] == name]
-    return sum(rates) / len(rates) if rates else None
+def _mean(rows: Sequence[Mapping], name: str, key: str) -> float | None:
+    """The mean of `key` over the rows (seeds) of `name` that have it; None if none has."""
+    values = [row[key] for row in rows if row["name"] == name and row.get(key) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def check_targets(rows: Sequence[Mapping]) -> list[dict]:
     """The paper's claims, scaled, against the measured rows (means over seeds): each with the
     numbers it compared and whether it holds; claims whose rows were not run are left out."""
-    rate = {name: _mean_rate(rows, name) for name in {row["name"] for row in rows}}
+    rate = {name: _mean(rows, name, "success_rate") for name in {row["name"] for row in rows}}
     upper = {name: max(row["ci95"][1] for row in rows if row["name"] == name) for name in rate}
     targets = []
     if DREAMGYM in rate and REAL in rate:
@@ -119,7 +120,7 @@ def check_targets(rows: Sequence[Mapping]) -> list[dict]:
                         "holds": rate[S2R] > rate[REAL] and gain_s2r >= 1.4 * gain_real and gain_s2r > 0,
                         "numbers": f"s2r {rate[S2R]:.3f}, real {rate[REAL]:.3f}, bc {rate[BC]:.3f}: gains "
                                    f"{gain_s2r:+.3f} vs {gain_real:+.3f}"})
-    fidelity = {name: _mean_fidelity(rows, name) for name in rate}
+    fidelity = {name: _mean(rows, name, "experience_fidelity") for name in rate}
     for ablation in ABLATIONS:
         if ablation in rate and DREAMGYM in rate:
             lower_fidelity = (fidelity[ablation] is not None and fidelity[DREAMGYM] is not None
@@ -132,11 +133,6 @@ def check_targets(rows: Sequence[Mapping]) -> list[dict]:
                             "holds": rate[ablation] < rate[DREAMGYM] or lower_fidelity, "numbers": numbers})
     return targets
 
-
-def _mean_fidelity(rows: Sequence[Mapping], name: str) -> float | None:
-    values = [row["experience_fidelity"] for row in rows if row["name"] == name
-              and row.get("experience_fidelity") is not None]
-    return sum(values) / len(values) if values else None
 
 
 def markdown(rows: Sequence[Mapping], targets: Sequence[Mapping]) -> str:

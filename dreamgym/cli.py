@@ -100,7 +100,7 @@ def bench(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The paper's regimes and ablations on the same data and held-out games (dreamgym/benchmark.py)."""
-    from dreamgym.benchmark import bench_plan  # noqa: PLC0415
+    from dreamgym.benchmark import bench_plan, check_targets, markdown  # noqa: PLC0415
     from dreamgym.tracking import configure_services  # noqa: PLC0415
 
     config = _config(params)
@@ -112,7 +112,6 @@ def bench(
     bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
     configure_services(params.resolve().parent / config.paths.run_dir)
     from flows.bench import bench as run_bench  # noqa: PLC0415 - imports Prefect, after its settings
-    from dreamgym.benchmark import check_targets, markdown  # noqa: PLC0415
 
     results = run_bench(str(params), str(games), str(json_out), seed_list, real_budget, row_names)
     Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)

@@ -25,50 +25,52 @@ from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
 _CLOSE = "</next_state>"
-_LIST_LINE = re.compile(r"(visible|inventory|actions): (.*)")
-_REPLACE_LINE = re.compile(r"(visible|inventory|actions) = (.*)")
+_LIST_LINE = re.compile(r"(visible|inventory|actions)(:| =) (.*)")  # a change line or a replacement line
 _ENTRY_END = re.compile(r";|\n")
+
+
+def _list_line(generated: str) -> tuple[str, str, list[str]] | None:
+    """(field, ':' for a change line or ' =' for a replacement, its entries so far) when
+    `generated` ends on a list field's line of the next state; None anywhere else."""
+    start = generated.rfind(_OPEN)
+    if start < 0 or _CLOSE in generated[start:]:
+        return None
+    match = _LIST_LINE.fullmatch(generated[start + len(_OPEN):].rsplit("\n", 1)[-1])
+    return (match[1], match[2], match[3].split(ITEM_SEPARATOR)) if match else None
 
 
 def allowed_removals(state: AbstractState, generated: str) -> tuple[str, list[str]] | None:
     """(the removal written so far, the texts it may still become) when `generated` ends inside a
     removal entry of a list field's change line; None anywhere else."""
-    start = generated.rfind(_OPEN)
-    if start < 0 or _CLOSE in generated[start:]:
-        return None
-    line = generated[start + len(_OPEN):].rsplit("\n", 1)[-1]
-    match = _LIST_LINE.fullmatch(line)
-    if not match:
-        return None
-    entries = match[2].split(ITEM_SEPARATOR)
-    partial = entries[-1]
-    if not partial.startswith("-"):
-        return None
-    removed = {entry[1:] for entry in entries[:-1] if entry.startswith("-")}
-    items = [item for item in getattr(state, match[1]) if item not in removed]
-    endings = [f"{item}{ITEM_SEPARATOR}" for item in items] + [f"{item}\n" for item in items]
-    return partial[1:], endings
+    return _removal(state, _list_line(generated))
 
 
 def repeated_entries(state: AbstractState, generated: str) -> tuple[str, set[str]] | None:
     """(the addition or replacement entry written so far, the items it must not end as) when
     `generated` ends inside such an entry of a list field's line; None anywhere else."""
-    start = generated.rfind(_OPEN)
-    if start < 0 or _CLOSE in generated[start:]:
+    return _repeat(state, _list_line(generated))
+
+
+def _removal(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tuple[str, list[str]] | None:
+    if line is None or line[1] != ":" or not line[2][-1].startswith("-"):
         return None
-    line = generated[start + len(_OPEN):].rsplit("\n", 1)[-1]
-    change = _LIST_LINE.fullmatch(line)
-    if change:
-        entries = change[2].split(ITEM_SEPARATOR)
-        if not entries[-1].startswith("+"):
-            return None
-        added = {entry[1:] for entry in entries[:-1] if entry.startswith("+")}
-        return entries[-1][1:], added | set(getattr(state, change[1]))
-    replace = _REPLACE_LINE.fullmatch(line)
-    if replace:
-        entries = replace[2].split(ITEM_SEPARATOR)
+    field, _, entries = line
+    removed = {entry[1:] for entry in entries[:-1] if entry.startswith("-")}
+    items = [item for item in getattr(state, field) if item not in removed]
+    endings = [f"{item}{ITEM_SEPARATOR}" for item in items] + [f"{item}\n" for item in items]
+    return entries[-1][1:], endings
+
+
+def _repeat(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tuple[str, set[str]] | None:
+    if line is None:
+        return None
+    field, kind, entries = line
+    if kind == " =":
         return entries[-1], set(entries[:-1])
-    return None
+    if not entries[-1].startswith("+"):
+        return None
+    added = {entry[1:] for entry in entries[:-1] if entry.startswith("+")}
+    return entries[-1][1:], added | set(getattr(state, field))
 
 
 class DeltaConstraint:
@@ -97,14 +99,15 @@ class DeltaConstraint:
                 self.generated[row] += self.pieces[token] if token < len(self.pieces) else ""
         self.seen = input_ids.shape[1]
         for row, state in enumerate(self.states):
-            repeated = repeated_entries(state, self.generated[row])
+            line = _list_line(self.generated[row])  # parsed once for both rules
+            repeated = _repeat(state, line)
             if repeated is not None:
                 written, forbidden = repeated
                 masked = [token for token, head in self.enders
                           if token < scores.shape[1] and written + head in forbidden]
                 scores[row, masked] = float("-inf")
                 continue
-            found = allowed_removals(state, self.generated[row])
+            found = _removal(state, line)
             if found is None:
                 continue
             written, endings = found

@@ -123,15 +123,20 @@ class ExperienceModel:
         return [format_prompt(q.instruction, q.history, q.state, q.action, worked)
                 for q, worked in zip(queries, self.worked(queries))]
 
+    def encode(self, prompts: Sequence[str]):
+        """The prompts as one left-padded batch of token ids, each cut from the left to leave room
+        for `max_new_tokens`."""
+        budget = self.config.max_length - self.config.max_new_tokens
+        return self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
+                              max_length=budget).to(self.model.device)
+
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
                  states: Sequence[AbstractState] | None = None) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
         name an item the state has and an addition cannot repeat one (`constrain.py`)."""
-        budget = self.config.max_length - self.config.max_new_tokens
-        inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
-                                max_length=budget).to(self.model.device)
+        inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
         constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1])]
