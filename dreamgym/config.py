@@ -153,6 +153,10 @@ class ExperienceConfig:
     annotator_url: Annotated[str, _help("Base URL of the OpenAI-compatible server, e.g. "
                                         "http://localhost:8000/v1 (annotator: openai).")] = ""
     annotator_model: Annotated[str, _help("Model name to ask (annotator: openai).")] = ""
+    placeholders: Annotated[bool, _help(
+        "Show game-specific carried objects (the ingredients) to the model as obj1, obj2, ... in "
+        "each prompt and put their names back in its predictions, so that it handles foods it "
+        "never saw in training (experience/placeholders.py).")] = True
     renamed_copies: Annotated[int, _help(
         "Copies of each training example with every carried object given an invented name, so "
         "that the model learns to copy names from the prompt instead of memorising the training "
@@ -209,6 +213,10 @@ class ExperienceConfig:
                              "backend_model (the served model's name): set both, or use backend: local")
         if self.hidden_size % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+        if self.placeholders and self.renamed_copies:
+            raise ValueError(f"renamed_copies ({self.renamed_copies}) with placeholders: a renamed "
+                             "copy shows the same placeholders as its original; set "
+                             "renamed_copies: 0, or placeholders: false")
 
 
 @dataclass(config=_STRICT)

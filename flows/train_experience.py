@@ -26,7 +26,9 @@ from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_to_dict, flatten
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
-from dreamgym.experience.examples import build_examples, load_examples, save_examples
+from dreamgym.experience.examples import (build_examples, load_examples, load_kept_names,
+                                          save_examples)
+from dreamgym.experience.placeholders import kept_names
 from dreamgym.experience.variations import variation_examples
 from dreamgym.experience.fidelity import collect_real, evaluate
 from dreamgym.experience.format import FORMAT_VERSION
@@ -45,7 +47,8 @@ def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
     shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
                "neighbours": config.neighbours, "reasoning": config.reasoning,
-               "renamed_copies": config.renamed_copies, "variations": config.variations_per_task,
+               "renamed_copies": config.renamed_copies, "placeholders": config.placeholders,
+               "variations": config.variations_per_task,
                "synthetic_neighbours": config.synthetic_neighbours,
                "annotator": config.annotator,
                "annotator_model": config.annotator_model, "encoder": encoder}
@@ -61,11 +64,12 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
         return str(path)
     rows = read_transitions(validated).to_pylist()
     encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
+    kept = kept_names(rows) if config.experience.placeholders else None
     with open_migrated(run_dir, config.buffer) as database:
         examples = build_examples(database, encoder, rows, config.experience, config.buffer.ef_search,
-                                  progress=True)
+                                  progress=True, kept=kept)
     examples += variation_examples(rows, config.experience.variations_per_task)
-    save_examples(examples, path)
+    save_examples(examples, path, kept=kept)
     get_run_logger().info("%d examples built: %s", len(examples), path)
     return str(path)
 
@@ -75,7 +79,7 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
 def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed: int):
     examples = [{"prompt": e.prompt, "completion": e.completion} for e in load_examples(examples_path)]
     result = train_sft(examples, config, Path(out_dir), seed=seed, log_to_mlflow=True)
-    save_settings(result.model_dir, config)
+    save_settings(result.model_dir, config, load_kept_names(examples_path))
     get_run_logger().info("trained %d steps in %.0fs (%.0f tokens/s)", result.steps, result.seconds,
                           result.tokens_per_second)
     return result

@@ -20,9 +20,10 @@ from dreamgym.data.games import generate_games, plan_games  # noqa: E402
 # Small games keep the suite fast: one or two ingredients, one or six rooms.
 TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1)
 # A from-scratch experience model small enough to learn one episode by heart in ~30 s of CPU; no
-# retrieval (no buffer needed) and no reasoning. Modules import it as `from conftest import ...`.
+# retrieval (no buffer needed), no reasoning, no placeholders (test_experience_placeholders.py has
+# them). Modules import it as `from conftest import ...`.
 TINY_EXPERIENCE = ExperienceConfig(
-    history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512, hidden_size=128,
+    history=1, neighbours=0, reasoning=False, placeholders=False, renamed_copies=0, vocab_size=512, hidden_size=128,
     layers=2, heads=4, max_length=768, epochs=80, batch_size=4, learning_rate=3e-3,
     save_steps=10_000, max_new_tokens=160, retries=1, multi_step=3)
 

@@ -26,7 +26,7 @@ from dreamgym.experience.train import train_sft
 from dreamgym.state import parse_state
 
 # As in test_experience_generate: a tiny from-scratch model that learns a few steps by heart.
-TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, renamed_copies=0, vocab_size=512,
+TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, placeholders=False, renamed_copies=0, vocab_size=512,
                         hidden_size=128, layers=2, heads=4, max_length=768, epochs=200, batch_size=4,
                         learning_rate=3e-3, save_steps=10_000, max_new_tokens=160, retries=1)
 STEPS = 4  # transitions learnt and asked: enough to compare, few enough to train in seconds

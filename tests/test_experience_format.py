@@ -74,7 +74,7 @@ def test_state_delta_writes_the_shorter_form_and_reads_back():
 
 @pytest.mark.parametrize("with_reasoning", [True, False], ids=["reasoning", "no-reasoning"])
 def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_reasoning):
-    config = ExperienceConfig(neighbours=0, reasoning=with_reasoning, renamed_copies=0)
+    config = ExperienceConfig(neighbours=0, reasoning=with_reasoning, placeholders=False)
     examples = build_examples(None, None, rows, config, ef_search=100)
     assert [e.content_hash for e in examples] == [r["content_hash"] for r in rows]
     for example, row in zip(examples, rows):
@@ -97,7 +97,7 @@ def _prompt_state(prompt: str) -> AbstractState:
 
 
 def test_renamed_copies_keep_the_dynamics_and_rename_every_carried_object(rows):
-    config = ExperienceConfig(neighbours=0, history=2, renamed_copies=2)
+    config = ExperienceConfig(neighbours=0, history=2, placeholders=False, renamed_copies=2)
     examples = build_examples(None, None, rows, config, ef_search=100)
     assert [e.content_hash for e in examples if e.renaming == 0] == [r["content_hash"] for r in rows]
     renamable = renamable_names(rows)
@@ -235,7 +235,7 @@ def test_surrounding_whitespace_is_tolerated_and_what_would_not_read_back_is_ref
 # --- SFT examples with retrieval ---------------------------------------------------------------
 
 def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
-    config = ExperienceConfig(renamed_copies=1)  # h=3, k=3, reasoning on; renamed copies too
+    config = ExperienceConfig(placeholders=False, renamed_copies=1)  # h=3, k=3, reasoning on; renamed copies too
     examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
     by_hash = {row["content_hash"]: row for row in rows}
     assert any(e.renaming for e in examples)

@@ -202,13 +202,15 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
     others = [flow.examples_key("md5-other", config, "encoder"),
               flow.examples_key("md5", dataclasses.replace(config, history=0), "encoder"),
               flow.examples_key("md5", dataclasses.replace(config, reasoning=False), "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, renamed_copies=2), "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, placeholders=False), "encoder"),
+              flow.examples_key("md5", dataclasses.replace(config, placeholders=False, renamed_copies=2),
+                                "encoder"),
               flow.examples_key("md5", dataclasses.replace(config, variations_per_task=0), "encoder"),
               flow.examples_key("md5", dataclasses.replace(config, synthetic_neighbours=True), "encoder"),
               flow.examples_key("md5", config, "another-encoder")]
     monkeypatch.setattr(flow, "FORMAT_VERSION", flow.FORMAT_VERSION + 1)
     others.append(flow.examples_key("md5", config, "encoder"))
-    assert len({key, *others}) == 9
+    assert len({key, *others}) == 10
     # Settings for using a model, not training it, never train a new one.
     from dreamgym.config import PipelineConfig
 

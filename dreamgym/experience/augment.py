@@ -84,21 +84,27 @@ class Renamer:
 
     def found(self, text: str) -> set[str]:
         """The names that occur in `text`."""
-        return set(self._pattern.findall(text)) if self._pattern is not None else set()
+        return set(self.occurrences(text))
+
+    def occurrences(self, text: str) -> list[str]:
+        """The names in `text`, in the order they occur (repeats included)."""
+        return self._pattern.findall(text) if self._pattern is not None else []
 
     def text(self, text: str) -> str:
         if self._pattern is None:
             return text
         return self._pattern.sub(lambda match: self.mapping[match[0]], text)
 
+    def abstract(self, state: AbstractState) -> AbstractState:
+        """`state` with names replaced (AbstractState sorts its lists again)."""
+        return AbstractState(location=self.text(state.location),
+                             visible=tuple(self.text(item) for item in state.visible),
+                             inventory=tuple(self.text(item) for item in state.inventory),
+                             actions=tuple(self.text(item) for item in state.actions))
+
     def state(self, text: str) -> str:
         """A state's text with names replaced, its lists sorted again."""
-        state = parse_state(text)
-        renamed = AbstractState(location=self.text(state.location),
-                                visible=tuple(self.text(item) for item in state.visible),
-                                inventory=tuple(self.text(item) for item in state.inventory),
-                                actions=tuple(self.text(item) for item in state.actions))
-        return format_state(renamed)
+        return format_state(self.abstract(parse_state(text)))
 
     def row(self, row: Mapping) -> dict:
         """A transition row (or a retrieved one, without instruction) with its instruction,

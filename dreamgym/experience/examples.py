@@ -12,6 +12,7 @@ nor the action shows, so the synthetic environment applies its own budget, as th
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -31,9 +32,11 @@ from dreamgym.experience.augment import (Renamer, invented_names, name_vocabular
                                          object_names, renamable_names)
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
                                         state_delta)
+from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.state import AbstractState, format_state, parse_state
 
 
+_KEPT_KEY = "dreamgym.kept_names"
 # Candidates fetched per neighbour kept: room for repeats of one step across episodes.
 _CANDIDATES_PER_NEIGHBOUR = 3
 
@@ -129,13 +132,19 @@ def worked_examples(database: Database | None, encoder: Encoder | None, queries:
 
 def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
                    config: ExperienceConfig, ef_search: int, annotate: Annotator = describe_change,
-                   batch: int = 256, progress: bool = False) -> list[Example]:
+                   batch: int = 256, progress: bool = False,
+                   kept: frozenset[str] | None = None) -> list[Example]:
     """One example per transition row (`dreamgym.data.schema` columns), sorted by trajectory and
     step, each followed by its `config.renamed_copies` renamed copies; retrieval runs once per
-    `batch` rows."""
+    `batch` rows. With `config.placeholders`, objects not in `kept` (default: `kept_names(rows)`)
+    are shown as placeholders (placeholders.py)."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     ordered = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
+    if config.placeholders and kept is None:
+        kept = kept_names(ordered)
+    elif not config.placeholders:
+        kept = None
     renamable = renamable_names(ordered) if config.renamed_copies else frozenset()
     renaming = (renamable, name_vocabulary(renamable), object_names(ordered))
     examples: list[Example] = []
@@ -146,7 +155,7 @@ def build_examples(database: Database | None, encoder: Encoder | None, rows: Seq
                                _known_vectors(database, encoder, chunk) if config.neighbours else None,
                                synthetic=config.synthetic_neighbours)
             for offset, transitions in enumerate(found):
-                examples.append(_example(ordered, start + offset, transitions, config, annotate))
+                examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))
                 examples += _renamed_copies(ordered, start + offset, transitions, config, annotate,
                                             *renaming)
             bar.update(len(found))
@@ -174,7 +183,12 @@ def _renamed_copies(rows: Sequence[dict], index: int, found: list[dict], config:
 
 
 def _example(rows: Sequence[dict], index: int, found: list[dict], config: ExperienceConfig,
-             annotate: Annotator) -> Example:
+             annotate: Annotator, kept: frozenset[str] | None = None) -> Example:
+    if kept is not None:  # the prompt's and each worked example's own placeholders
+        names = Placeholders.of_row(kept, rows[index])
+        rows = [names.row(row) for row in rows[max(0, index - config.history):index + 1]]
+        index = len(rows) - 1
+        found = [Placeholders.of_row(kept, transition).row(transition) for transition in found]
     row = rows[index]
     state, next_state = parse_state(row["state"]), parse_state(row["next_state"])
     done = row["terminated"]
@@ -203,17 +217,28 @@ def _known_vectors(database: Database, encoder: Encoder | None, rows: Sequence[d
     return np.stack([stored[row["content_hash"]] for row in rows])
 
 
-def save_examples(examples: Sequence[Example], path: str | Path) -> Path:
-    """Write examples to Parquet, atomically (a crash never leaves a partial file to be reused)."""
+def save_examples(examples: Sequence[Example], path: str | Path,
+                  kept: frozenset[str] | None = None) -> Path:
+    """Write examples to Parquet, atomically (a crash never leaves a partial file to be reused),
+    with the kept names of their placeholders (None: no placeholders) in the file's metadata."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     columns = {field.name: [getattr(e, field.name) for e in examples] for field in fields(Example)}
     columns = {name: [list(v) for v in values] if name.startswith("neighbour_") else values
                for name, values in columns.items()}
+    table = pa.table(columns)
+    if kept is not None:
+        table = table.replace_schema_metadata({_KEPT_KEY: json.dumps(sorted(kept))})
     partial = path.with_suffix(".partial")
-    pq.write_table(pa.table(columns), partial)
+    pq.write_table(table, partial)
     partial.replace(path)
     return path
+
+
+def load_kept_names(path: str | Path) -> frozenset[str] | None:
+    """The kept names the examples in `path` were built with; None if they have no placeholders."""
+    kept = (pq.read_schema(path).metadata or {}).get(_KEPT_KEY.encode())
+    return None if kept is None else frozenset(json.loads(kept))
 
 
 def load_examples(path: str | Path) -> list[Example]:

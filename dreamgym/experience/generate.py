@@ -30,9 +30,10 @@ from transformers import LogitsProcessorList
 from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
-from dreamgym.experience.examples import worked_examples
-from dreamgym.experience.format import (Completion, FormatError, Step, Worked, format_prompt,
+from dreamgym.experience.examples import neighbours, to_worked
+from dreamgym.experience.format import (Completion, FormatError, Step, format_prompt,
                                         parse_completion)
+from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState
 
 # Generation stops at the end of the completion's last section, whatever follows in the vocabulary.
@@ -45,7 +46,7 @@ RETRY_TEMPERATURE = 0.8
 CACHE = "static"
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
-TRAINED_SHAPE = ("history", "neighbours", "reasoning")
+TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders")
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -61,8 +62,21 @@ def sample_seed(seed: int, attempt: int, prompts: Sequence[str]) -> int:
     return (seed + attempt * 1_000_003 + int.from_bytes(digest[:4], "big")) % 2**31
 
 
-def save_settings(model_dir: str | Path, config: ExperienceConfig) -> None:
-    (Path(model_dir) / SETTINGS_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2))
+def save_settings(model_dir: str | Path, config: ExperienceConfig,
+                  kept_names: frozenset[str] | None = None) -> None:
+    """The settings beside the weights, with the kept names of the model's placeholders."""
+    if config.placeholders and kept_names is None:
+        raise ValueError("a model trained with placeholders needs its kept names saved with it")
+    settings = dataclasses.asdict(config) | {
+        "kept_names": sorted(kept_names) if config.placeholders else None}
+    (Path(model_dir) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
+
+
+def trained_kept_names(model_dir: str | Path) -> frozenset[str] | None:
+    """The names the model in `model_dir` was shown as they are (None: it has no placeholders)."""
+    path = Path(model_dir) / SETTINGS_FILE
+    kept = json.loads(path.read_text()).get("kept_names") if path.is_file() else None
+    return None if kept is None else frozenset(kept)
 
 
 def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> ExperienceConfig:
@@ -71,7 +85,11 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     if not path.is_file():
         return current
     trained = json.loads(path.read_text())
-    return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE})
+    # A model saved before placeholders existed was trained without them. Renamed copies are
+    # training data only, and cannot be asked for together with placeholders.
+    trained.setdefault("placeholders", False)
+    return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE},
+                               renamed_copies=0 if trained["placeholders"] else current.renamed_copies)
 
 
 @dataclass(frozen=True)
@@ -99,10 +117,14 @@ class ExperienceModel:
     """A trained experience model with its retrieval memory; an environment's dynamics as an LM."""
 
     def __init__(self, model, tokenizer, config: ExperienceConfig, database=None, encoder=None,
-                 ef_search: int = 80, seed: int = 0):
+                 ef_search: int = 80, seed: int = 0, kept_names: frozenset[str] | None = None):
         if config.neighbours and (database is None or encoder is None):
             raise ValueError("retrieval is on (experience.neighbours > 0): give a buffer database "
                              "and an encoder, or set experience.neighbours: 0")
+        if config.placeholders and kept_names is None:
+            raise ValueError("this model shows objects as placeholders (experience.placeholders): "
+                             "give the kept names it was trained with (trained_kept_names(model_dir))")
+        self.kept_names = kept_names if config.placeholders else None
         self.model = model.eval() if model is not None else None  # None: a remote model
         self.tokenizer, self.config = tokenizer, config
         self.database, self.encoder, self.ef_search, self.seed = database, encoder, ef_search, seed
@@ -110,18 +132,31 @@ class ExperienceModel:
             self.tokenizer.padding_side = "left"  # batched generation continues every prompt at its end
             self.tokenizer.truncation_side = "left"  # the state and action sit at the prompt's end
 
-    def worked(self, queries: Sequence[Query]) -> list[list[Worked]]:
-        if not self.config.neighbours:
-            return [[] for _ in queries]
-        return worked_examples(self.database, self.encoder,
-                               [{"instruction": q.instruction, "state": q.state, "action": q.action,
-                                 "trajectory_id": q.trajectory_id} for q in queries],
-                               self.config.neighbours, self.ef_search,
-                               synthetic=self.config.synthetic_neighbours)
+    def retrieved(self, queries: Sequence[Query]) -> list[list[dict]]:
+        """Each query's neighbour transitions from the buffer, most similar first."""
+        return neighbours(self.database, self.encoder,
+                          [{"instruction": q.instruction, "state": q.state, "action": q.action,
+                            "trajectory_id": q.trajectory_id} for q in queries],
+                          self.config.neighbours, self.ef_search,
+                          synthetic=self.config.synthetic_neighbours)
+
+    def framed(self, queries: Sequence[Query]) -> list[tuple[str, Query, Placeholders]]:
+        """Each query as the model sees it: its prompt, the query in the prompt's names (its
+        state is what the completion changes) and the placeholders that lead back to real names."""
+        framed = []
+        for query, found in zip(queries, self.retrieved(queries)):
+            names = Placeholders({})
+            if self.kept_names is not None:
+                names = Placeholders.of(self.kept_names, query.action, [query.state])
+                query = _renamed(query, names)
+                found = [Placeholders.of_row(self.kept_names, row).row(row) for row in found]
+            prompt = format_prompt(query.instruction, query.history, query.state, query.action,
+                                   [to_worked(row) for row in found])
+            framed.append((prompt, query, names))
+        return framed
 
     def prompts(self, queries: Sequence[Query]) -> list[str]:
-        return [format_prompt(q.instruction, q.history, q.state, q.action, worked)
-                for q, worked in zip(queries, self.worked(queries))]
+        return [prompt for prompt, _, _ in self.framed(queries)]
 
     def encode(self, prompts: Sequence[str]):
         """The prompts as one left-padded batch of token ids, each cut from the left to leave room
@@ -152,7 +187,11 @@ class ExperienceModel:
         return [text[:text.index(STOP) + len(STOP)] if STOP in text else text for text in texts]
 
     def predict(self, queries: Sequence[Query]) -> list[Prediction]:
-        prompts = self.prompts(queries)
+        """The predicted step of each query, in its real names (`Prediction.text` is what the
+        model wrote, in the prompt's)."""
+        framed = self.framed(queries)
+        prompts = [prompt for prompt, _, _ in framed]
+        queries = [shown for _, shown, _ in framed]
         results: list[Prediction | None] = [None] * len(queries)
         pending = list(range(len(queries)))
         for attempt in range(self.config.retries + 1):
@@ -166,7 +205,7 @@ class ExperienceModel:
             for index, text in zip(pending, texts):
                 try:
                     completion = parse_completion(text, queries[index].state, self.config.reasoning)
-                    results[index] = Prediction(completion, text, attempt + 1)
+                    results[index] = Prediction(framed[index][2].restore(completion), text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
                     still.append(index)
@@ -174,6 +213,15 @@ class ExperienceModel:
             if not pending:
                 break
         return results  # type: ignore[return-value] - every slot was filled by the first attempt
+
+
+def _renamed(query: Query, names: Placeholders) -> Query:
+    rename = names.forward.text
+    return dataclasses.replace(
+        query, instruction=rename(query.instruction), action=rename(query.action),
+        state=names.forward.abstract(query.state),
+        history=tuple(Step(rename(step.action), step.reward, rename(step.location))
+                      for step in query.history))
 
 
 class RemoteExperienceModel(ExperienceModel):
@@ -185,11 +233,11 @@ class RemoteExperienceModel(ExperienceModel):
     """
 
     def __init__(self, config: ExperienceConfig, database=None, encoder=None, ef_search: int = 80,
-                 seed: int = 0):
+                 seed: int = 0, kept_names: frozenset[str] | None = None):
         if not (config.backend_url and config.backend_model):
             raise ValueError("a remote experience model needs experience.backend_url and "
                              "experience.backend_model")
-        super().__init__(None, None, config, database, encoder, ef_search, seed)
+        super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names)
         self.url = f"{config.backend_url.rstrip('/')}/completions"
 
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
@@ -268,14 +316,15 @@ def open_experience_model(model_dir: str | Path, run_dir: str | Path,
     from dreamgym.experience.model import load_experience_model  # noqa: PLC0415
 
     settings = trained_settings(model_dir, config.experience)
+    kept = trained_kept_names(model_dir)
     weights = None if settings.backend == "http" else load_experience_model(model_dir)
 
     def build(database, encoder) -> ExperienceModel:
         if weights is None:
             return RemoteExperienceModel(settings, database, encoder, config.buffer.ef_search,
-                                         config.seed)
+                                         config.seed, kept)
         return ExperienceModel(*weights, settings, database, encoder, config.buffer.ef_search,
-                               config.seed)
+                               config.seed, kept)
 
     if not settings.neighbours:
         yield build(None, None)

@@ -1,0 +1,96 @@
+"""Placeholder names for game-specific objects, so that the experience model never has to copy one.
+
+A small model trained on a few dozen games learns their ingredients' names by heart. On a held-out
+game (new foods) it answers "take tomato from counter" with `inventory: +yellow potato`, a name it
+saw in training: most of its wrong next states were wrong that way. What happens to a carried
+object does not depend on its name, so the model is shown none: in each prompt, every
+game-specific carried object is called `obj1`, `obj2`, ... (the action's objects first, then the
+carried ones, then the visible ones), and the names are put back into what the model predicts.
+
+Which names are game-specific is learnt from the training data (`kept_names`): a name keeps its
+text if it is never carried (rooms, furniture, doors: the model must know a fridge from a stove)
+or if it is in most training tasks (knife, cookbook, meal: each has its own role). Every other name
+is replaced, names the training data never showed included, so a held-out game's new foods become
+the same few placeholders the model was trained on.
+
+Each worked example in a prompt is numbered on its own, as a query would be: its action's object
+is `obj1` too, so the example reads as the same move on another object. A placeholder the model
+writes that stands for no name of the prompt (an object it imagines, e.g. in a container it
+opens) is left as written.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from dreamgym.experience.augment import Renamer
+from dreamgym.experience.format import Completion
+from dreamgym.state import AbstractState, item_name, parse_state
+
+PLACEHOLDER = "obj{}"
+# A carried object in at least this share of the training tasks keeps its name: every game has it.
+COMMON_TASK_SHARE = 0.75
+
+
+def object_names(state: AbstractState) -> list[str]:
+    """The names of the objects a state shows: carried ones first (what most actions change),
+    then visible ones, each in the state's order."""
+    return [item_name(item) for item in state.inventory + state.visible]
+
+
+def carried_names(state: AbstractState) -> set[str]:
+    """Objects the state shows carried or that can be taken."""
+    names = {item_name(item) for item in state.inventory}
+    return names | {name for name in object_names(state) for action in state.actions
+                    if action == f"take {name}" or action.startswith(f"take {name} from ")}
+
+
+def kept_names(rows: Iterable[Mapping]) -> frozenset[str]:
+    """The object names that keep their text (see the module docstring), from transition rows."""
+    tasks: dict[str, set[str]] = defaultdict(set)
+    carried: set[str] = set()
+    task_ids: set[str] = set()
+    for row in rows:
+        task_ids.add(row["task_id"])
+        for column in ("state", "next_state"):
+            state = parse_state(row[column])
+            for name in object_names(state):
+                tasks[name].add(row["task_id"])
+            carried |= carried_names(state)
+    return frozenset(name for name, seen in tasks.items()
+                     if name not in carried or len(seen) >= COMMON_TASK_SHARE * len(task_ids))
+
+
+class Placeholders:
+    """The placeholders of one prompt (or worked example): names to `obj<n>` and back."""
+
+    def __init__(self, mapping: Mapping[str, str]):
+        self.mapping = dict(mapping)
+        self.forward = Renamer(self.mapping)
+        self.backward = Renamer({placeholder: name for name, placeholder in self.mapping.items()})
+
+    @classmethod
+    def of(cls, kept: frozenset[str], action: str, states: Sequence[AbstractState]) -> Placeholders:
+        """Placeholders for the objects of `states` not in `kept`: the ones `action` names first,
+        in its order, then the others in the order of `object_names`, state by state."""
+        names = list(dict.fromkeys(name for state in states for name in object_names(state)
+                                   if name not in kept))
+        in_action = Renamer({name: name for name in names}).occurrences(action)
+        ordered = dict.fromkeys([*in_action, *names])
+        return cls({name: PLACEHOLDER.format(number) for number, name in enumerate(ordered, 1)})
+
+    @classmethod
+    def of_row(cls, kept: frozenset[str], row: Mapping) -> Placeholders:
+        """The placeholders of a transition row (or a retrieved one): its action and both states."""
+        return cls.of(kept, row["action"], [parse_state(row["state"]), parse_state(row["next_state"])])
+
+    def row(self, row: Mapping) -> dict:
+        return self.forward.row(row)
+
+    def restore(self, completion: Completion) -> Completion:
+        """A completion predicted on placeholders, with the real names back."""
+        return Completion(reasoning=(None if completion.reasoning is None
+                                     else self.backward.text(completion.reasoning)),
+                          next_state=self.backward.abstract(completion.next_state),
+                          reward=completion.reward, done=completion.done)
