@@ -4,6 +4,7 @@ so that an experience model handles objects it never saw (real games; a tiny rea
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -14,8 +15,8 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.experience.augment import Renamer
 from dreamgym.experience.examples import build_examples, history_of, load_kept_names, save_examples
 from dreamgym.experience.format import Completion, parse_completion
-from dreamgym.experience.generate import (ExperienceModel, Query, save_settings, trained_kept_names,
-                                          trained_settings)
+from dreamgym.experience.generate import (SETTINGS_FILE, ExperienceModel, Query, save_settings,
+                                          trained_kept_names, trained_settings)
 from dreamgym.experience.model import load_experience_model
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.train import train_sft
@@ -97,6 +98,11 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
     assert load_kept_names(save_examples(examples, tmp_path / "plain.parquet")) is None
     save_settings(tmp_path, ExperienceConfig(), load_kept_names(path))
     assert trained_kept_names(tmp_path) == kept and trained_settings(tmp_path, TINY_EXPERIENCE).placeholders
+    # A model saved before placeholders existed was trained without them.
+    legacy = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    del legacy["placeholders"], legacy["kept_names"]
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(legacy))
+    assert trained_kept_names(tmp_path) is None and not trained_settings(tmp_path, TINY).placeholders
     with pytest.raises(ValueError, match="kept names"):
         ExperienceModel(None, None, ExperienceConfig(neighbours=0))
     with pytest.raises(ValueError, match="renamed_copies"):

@@ -8,6 +8,9 @@ rollout never has). Retrieval is batched: one search for a batch of rows.
 `done` in a completion is the environment's `terminated` (the game was won or lost), not
 `truncated`: truncation is the step budget of whoever runs the episode, which neither the state
 nor the action shows, so the synthetic environment applies its own budget, as the real one does.
+
+With `experience.placeholders`, game-specific objects are shown as placeholders (placeholders.py),
+in the example's own rows and, numbered on their own, in each worked example.
 """
 
 from __future__ import annotations
