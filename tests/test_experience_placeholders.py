@@ -41,23 +41,25 @@ def test_kept_names_are_the_objects_never_carried_or_in_most_tasks():
 
 def test_placeholders_number_the_action_first_then_carried_then_visible_and_restore_names():
     kept = frozenset({"counter", "knife"})
-    state = AbstractState("kitchen", ("counter", "red apple (on counter)", "yellow potato (on counter)"),
+    # A new piece of furniture (the BBQ) cannot be taken: it keeps its name though not kept.
+    state = AbstractState("kitchen", ("BBQ", "counter", "red apple (on counter)",
+                                      "yellow potato (on counter)"),
                           ("carrot (sliced)", "knife"),
                           ("eat carrot", "take red apple from counter", "take yellow potato from counter"))
     names = Placeholders.of(kept, "take yellow potato from counter", [state])
     assert names.mapping == {"yellow potato": "obj1", "carrot": "obj2", "red apple": "obj3"}
     shown = names.forward.abstract(state)
-    assert shown == AbstractState("kitchen", ("counter", "obj1 (on counter)", "obj3 (on counter)"),
+    assert shown == AbstractState("kitchen", ("BBQ", "counter", "obj1 (on counter)", "obj3 (on counter)"),
                                   ("knife", "obj2 (sliced)"),
                                   ("eat obj2", "take obj1 from counter", "take obj3 from counter"))
     assert names.backward.abstract(shown) == state
     predicted = Completion("obj1 goes into the inventory; obj9 appears.",
-                           AbstractState("kitchen", ("counter", "obj3 (on counter)", "obj9"),
+                           AbstractState("kitchen", ("BBQ", "counter", "obj3 (on counter)", "obj9"),
                                          ("knife", "obj1", "obj2 (sliced)"), ("drop obj1",)), 0.0, False)
     restored = names.restore(predicted)
     # A placeholder the prompt never gave (an imagined object) stays as the model wrote it.
     assert restored.reasoning == "yellow potato goes into the inventory; obj9 appears."
-    assert restored.next_state == AbstractState("kitchen", ("counter", "obj9", "red apple (on counter)"),
+    assert restored.next_state == AbstractState("kitchen", ("BBQ", "counter", "obj9", "red apple (on counter)"),
                                                 ("carrot (sliced)", "knife", "yellow potato"),
                                                 ("drop yellow potato",))
 

@@ -9,9 +9,10 @@ carried ones, then the visible ones), and the names are put back into what the m
 
 Which names are game-specific is learnt from the training data (`kept_names`): a name keeps its
 text if it is never carried (rooms, furniture, doors: the model must know a fridge from a stove)
-or if it is in most training tasks (knife, cookbook, meal: each has its own role). Every other name
-is replaced, names the training data never showed included, so a held-out game's new foods become
-the same few placeholders the model was trained on.
+or if it is in most training tasks (knife, cookbook, meal: each has its own role). Every other
+object that a state shows carried or takeable is replaced, ones the training data never showed
+included, so a held-out game's new foods become the same few placeholders the model was trained
+on; an object that cannot be taken keeps its name even when new (a piece of furniture).
 
 Each worked example in a prompt is numbered on its own, as a query would be: its action's object
 is `obj1` too, so the example reads as the same move on another object. A placeholder the model
@@ -72,10 +73,13 @@ class Placeholders:
 
     @classmethod
     def of(cls, kept: frozenset[str], action: str, states: Sequence[AbstractState]) -> Placeholders:
-        """Placeholders for the objects of `states` not in `kept`: the ones `action` names first,
-        in its order, then the others in the order of `object_names`, state by state."""
-        names = list(dict.fromkeys(name for state in states for name in object_names(state)
-                                   if name not in kept))
+        """Placeholders for the carried or takeable objects of `states` not in `kept`: the ones
+        `action` names first, in its order, then the others in the order of `object_names`,
+        state by state."""
+        names = list(dict.fromkeys(name for state in states
+                                   for carried in [carried_names(state)]
+                                   for name in object_names(state)
+                                   if name in carried and name not in kept))
         in_action = Renamer({name: name for name in names}).occurrences(action)
         ordered = dict.fromkeys([*in_action, *names])
         return cls({name: PLACEHOLDER.format(number) for number, name in enumerate(ordered, 1)})
