@@ -122,7 +122,7 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
 TINY_EXPERIENCE = {"experience.vocab_size": 512, "experience.hidden_size": 64, "experience.layers": 2,
                    "experience.heads": 2, "experience.max_length": 768, "experience.epochs": 1.0,
                    "experience.neighbours": 2, "experience.max_new_tokens": 32, "experience.retries": 0,
-                   "experience.eval_games": 1, "experience.multi_step": 2, "experience.renamed_copies": 1,
+                   "experience.eval_games": 1, "experience.multi_step": 2,
                    "experience.variations_per_task": 1}
 
 TINY_POLICY_FLOW = {"policy.vocab_size": 400, "policy.hidden_size": 32, "policy.layers": 1, "policy.heads": 2,
@@ -162,6 +162,11 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     model_dir, label = resolve_model(MODEL_NAME, project / "models-cache")
     assert label == f"models:/{MODEL_NAME}/1"
     load_experience_model(model_dir)
+    # With the names its placeholders leave as they are (every game has a knife; foods differ).
+    from dreamgym.experience.generate import trained_kept_names
+
+    kept = trained_kept_names(model_dir)
+    assert kept is not None and "knife" in kept and "fridge" in kept
 
     second = train_experience(config, ingested, str(project))  # a cache hit: the first result
     assert (second["train"], second["model"], second["fidelity"]) == (first["train"], first["model"], first["fidelity"])

@@ -8,7 +8,7 @@ game-specific carried object is called `obj1`, `obj2`, ... (the action's objects
 carried ones, then the visible ones), and the names are put back into what the model predicts.
 
 Which names are game-specific is learnt from the training data (`kept_names`): a name keeps its
-text if it is never carried (rooms, furniture, doors: the model must know a fridge from a stove)
+text if it is never carried nor takeable (rooms, furniture, doors: a fridge is not a stove)
 or if it is in most training tasks (knife, cookbook, meal: each has its own role). Every other
 object that a state shows carried or takeable is replaced, ones the training data never showed
 included, so a held-out game's new foods become the same few placeholders the model was trained
@@ -34,7 +34,7 @@ PLACEHOLDER = "obj{}"
 COMMON_TASK_SHARE = 0.75
 
 
-def object_names(state: AbstractState) -> list[str]:
+def shown_names(state: AbstractState) -> list[str]:
     """The names of the objects a state shows: carried ones first (what most actions change),
     then visible ones, each in the state's order."""
     return [item_name(item) for item in state.inventory + state.visible]
@@ -43,7 +43,7 @@ def object_names(state: AbstractState) -> list[str]:
 def carried_names(state: AbstractState) -> set[str]:
     """Objects the state shows carried or that can be taken."""
     names = {item_name(item) for item in state.inventory}
-    return names | {name for name in object_names(state) for action in state.actions
+    return names | {name for name in shown_names(state) for action in state.actions
                     if action == f"take {name}" or action.startswith(f"take {name} from ")}
 
 
@@ -56,7 +56,7 @@ def kept_names(rows: Iterable[Mapping]) -> frozenset[str]:
         task_ids.add(row["task_id"])
         for column in ("state", "next_state"):
             state = parse_state(row[column])
-            for name in object_names(state):
+            for name in shown_names(state):
                 tasks[name].add(row["task_id"])
             carried |= carried_names(state)
     return frozenset(name for name, seen in tasks.items()
@@ -74,11 +74,11 @@ class Placeholders:
     @classmethod
     def of(cls, kept: frozenset[str], action: str, states: Sequence[AbstractState]) -> Placeholders:
         """Placeholders for the carried or takeable objects of `states` not in `kept`: the ones
-        `action` names first, in its order, then the others in the order of `object_names`,
+        `action` names first, in its order, then the others in the order of `shown_names`,
         state by state."""
         names = list(dict.fromkeys(name for state in states
                                    for carried in [carried_names(state)]
-                                   for name in object_names(state)
+                                   for name in shown_names(state)
                                    if name in carried and name not in kept))
         in_action = Renamer({name: name for name in names}).occurrences(action)
         ordered = dict.fromkeys([*in_action, *names])
