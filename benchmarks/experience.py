@@ -21,11 +21,10 @@ import argparse
 import json
 import statistics
 import time
-
-import torch
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
 
 from common import machine, model_setup
 from dreamgym.data.schema import read_transitions

@@ -19,7 +19,7 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, describe_change,
                                           make_annotator)
 from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
-from dreamgym.experience.examples import build_examples, history_of, worked_examples
+from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked
 from dreamgym.experience.format import (FormatError, apply_delta, format_completion,
                                         format_prompt, parse_completion, state_delta)
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
@@ -263,13 +263,13 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
     assert len(repeated) > 20, "the dataset should repeat steps across episodes of a game"
     # Queries as a rollout makes them: the state as an AbstractState, not as text.
     queries = [{**row, "state": parse_state(row["state"])} for row in repeated]
-    found = worked_examples(filled, encoder, queries, k=3, ef_search=100)
+    found = [[to_worked(t) for t in hits] for hits in neighbours(filled, encoder, queries, k=3, ef_search=100)]
     for row, worked in zip(repeated, found):
         state, next_state = states(row)
         # Another episode's identical step (TextWorld is deterministic: the same outcome too).
         assert any(w.action == row["action"] and w.location == state.location
                    and w.delta == state_delta(state, next_state) for w in worked), row["action"]
-    assert worked_examples(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
+    assert neighbours(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
 
 
 # --- reasoning traces --------------------------------------------------------------------------

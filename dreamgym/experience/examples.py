@@ -126,13 +126,6 @@ def to_worked(transition: dict) -> Worked:
                   done=transition["terminated"])
 
 
-def worked_examples(database: Database | None, encoder: Encoder | None, queries: Sequence[dict],
-                    k: int, ef_search: int, synthetic: bool = False) -> list[list[Worked]]:
-    """The worked examples of each query (see `neighbours`), most similar first."""
-    return [[to_worked(t) for t in found]
-            for found in neighbours(database, encoder, queries, k, ef_search, synthetic=synthetic)]
-
-
 def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
                    config: ExperienceConfig, ef_search: int, annotate: Annotator = describe_change,
                    batch: int = 256, progress: bool = False,
@@ -191,7 +184,7 @@ def _example(rows: Sequence[dict], index: int, found: list[dict], config: Experi
         names = Placeholders.of_row(kept, rows[index])
         rows = [names.row(row) for row in rows[max(0, index - config.history):index + 1]]
         index = len(rows) - 1
-        found = [Placeholders.of_row(kept, transition).row(transition) for transition in found]
+        found = [Placeholders.own(kept, transition) for transition in found]
     row = rows[index]
     state, next_state = parse_state(row["state"]), parse_state(row["next_state"])
     done = row["terminated"]

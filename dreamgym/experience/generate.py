@@ -149,7 +149,7 @@ class ExperienceModel:
             if self.kept_names is not None:
                 names = Placeholders.of(self.kept_names, query.action, [query.state])
                 query = _renamed(query, names)
-                found = [Placeholders.of_row(self.kept_names, row).row(row) for row in found]
+                found = [Placeholders.own(self.kept_names, row) for row in found]
             prompt = format_prompt(query.instruction, query.history, query.state, query.action,
                                    [to_worked(row) for row in found])
             framed.append((prompt, query, names))

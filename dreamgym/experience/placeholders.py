@@ -76,10 +76,10 @@ class Placeholders:
         """Placeholders for the carried or takeable objects of `states` not in `kept`: the ones
         `action` names first, in its order, then the others in the order of `shown_names`,
         state by state."""
-        names = list(dict.fromkeys(name for state in states
-                                   for carried in [carried_names(state)]
-                                   for name in shown_names(state)
-                                   if name in carried and name not in kept))
+        names: list[str] = []
+        for state in states:
+            carried = carried_names(state)
+            names += [name for name in shown_names(state) if name in carried and name not in kept]
         in_action = Renamer({name: name for name in names}).occurrences(action)
         ordered = dict.fromkeys([*in_action, *names])
         return cls({name: PLACEHOLDER.format(number) for number, name in enumerate(ordered, 1)})
@@ -88,6 +88,11 @@ class Placeholders:
     def of_row(cls, kept: frozenset[str], row: Mapping) -> Placeholders:
         """The placeholders of a transition row (or a retrieved one): its action and both states."""
         return cls.of(kept, row["action"], [parse_state(row["state"]), parse_state(row["next_state"])])
+
+    @classmethod
+    def own(cls, kept: frozenset[str], row: Mapping) -> dict:
+        """A retrieved row in its own placeholders, as a worked example shows it."""
+        return cls.of_row(kept, row).row(row)
 
     def row(self, row: Mapping) -> dict:
         return self.forward.row(row)
