@@ -143,6 +143,10 @@ class ExperienceConfig:
     neighbours: Annotated[int, _help("k: similar transitions retrieved from the buffer into the "
                                      "prompt (never from the same trajectory); 0 turns retrieval off.",
                                      ge=0, le=32)] = 3
+    retrieval_pool: Annotated[int, _help(
+        "Candidates fetched from the buffer per query, of which the k closest in situation (the "
+        "same action, then the most state items in common) are shown (experience/rerank.py); "
+        "0: the k nearest by embedding.", ge=0, le=1000)] = 300
     reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
     synthetic_neighbours: Annotated[bool, _help(
         "Let retrieval return synthetic transitions (written back by DreamEnv) as worked "
@@ -213,6 +217,10 @@ class ExperienceConfig:
                              "backend_model (the served model's name): set both, or use backend: local")
         if self.hidden_size % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+        if 0 < self.retrieval_pool < self.neighbours:
+            raise ValueError(f"retrieval_pool ({self.retrieval_pool}) is smaller than neighbours "
+                             f"({self.neighbours}): fetch at least as many candidates as are shown, "
+                             "or set retrieval_pool: 0 for the nearest by embedding")
         if self.placeholders and self.renamed_copies:
             raise ValueError(f"renamed_copies ({self.renamed_copies}) with placeholders: a renamed "
                              "copy shows the same placeholders as its original; set "

@@ -22,6 +22,8 @@ from dreamgym.experience.augment import Renamer, invented_names, names_in, renam
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked
 from dreamgym.experience.format import (FormatError, apply_delta, format_completion,
                                         format_prompt, parse_completion, state_delta)
+from dreamgym.experience.placeholders import Placeholders, kept_names
+from dreamgym.experience.rerank import closeness, situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 STATE = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
@@ -270,6 +272,34 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
         assert any(w.action == row["action"] and w.location == state.location
                    and w.delta == state_delta(state, next_state) for w in worked), row["action"]
     assert neighbours(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
+
+
+def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled, encoder, rows):
+    kept = kept_names(rows)
+    queries = [{**row, "state": parse_state(row["state"])} for row in rows]
+    by_embedding = neighbours(filled, encoder, queries, k=3, ef_search=100)
+    reranked = neighbours(filled, encoder, queries, k=3, ef_search=100, pool=100, kept=kept)
+
+    def answer(row: dict) -> str:  # the step's change, in its own placeholders
+        return state_delta(*states(Placeholders.own(kept, row)))
+
+    def answered(found: list[list[dict]]) -> int:
+        return sum(any(answer(hit) == answer(row) for hit in hits) for row, hits in zip(rows, found))
+
+    # More queries get a worked example whose change is exactly their answer.
+    assert answered(reranked) > answered(by_embedding), (answered(reranked), answered(by_embedding))
+    pools = neighbours(filled, encoder, queries, k=100, ef_search=100)
+    firsts = 0
+    for row, query, hits, pool in zip(rows, queries, reranked, pools):
+        assert len(hits) == 3 and all(hit["trajectory_id"] != row["trajectory_id"] for hit in hits)
+        # A step seen in another episode (or the same situation elsewhere) comes first.
+        own = situation(query["state"], row["action"], kept)
+        same = [t for t in pool
+                if closeness(own, situation(parse_state(t["state"]), t["action"], kept)) == (True, 1.0)]
+        if same:
+            firsts += 1
+            assert answer(hits[0]) in {answer(t) for t in same}
+    assert firsts > 20
 
 
 # --- reasoning traces --------------------------------------------------------------------------

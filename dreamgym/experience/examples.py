@@ -36,6 +36,7 @@ from dreamgym.experience.augment import (Renamer, invented_names, name_vocabular
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
                                         state_delta)
 from dreamgym.experience.placeholders import Placeholders, kept_names
+from dreamgym.experience.rerank import closest, situation, stored_situation
 from dreamgym.state import AbstractState, format_state, parse_state
 
 
@@ -78,8 +79,8 @@ def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
 
 
 def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequence[dict], k: int,
-               ef_search: int, vectors: np.ndarray | None = None,
-               synthetic: bool = False) -> list[list[dict]]:
+               ef_search: int, vectors: np.ndarray | None = None, synthetic: bool = False,
+               pool: int = 0, kept: frozenset[str] | None = None) -> list[list[dict]]:
     """The k most similar distinct transitions of each query, in one search for all of them.
 
     A query has `instruction`, `state` (its text, as in a transition row, or an `AbstractState`,
@@ -87,8 +88,10 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     returned. `vectors` are the queries' embeddings when known (else they are encoded). Repeats of
     one (state, action) from other episodes are kept once: a copy teaches the model nothing the
     first did not, and costs prompt length. Only real transitions are returned unless `synthetic`
-    (then DreamEnv's written-back ones too). With k == 0 nothing is retrieved and neither the
-    database nor the encoder is needed.
+    (then DreamEnv's written-back ones too). With `pool`, that many candidates are fetched and the
+    k closest in situation kept (rerank.py; `kept`: the model's kept names, None without
+    placeholders); with 0, the k nearest by embedding. With k == 0 nothing is retrieved and
+    neither the database nor the encoder is needed.
     """
     if k == 0 or not queries:
         return [[] for _ in queries]
@@ -100,18 +103,30 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     filters = [Filters(source=None if synthetic else "real",
                        exclude_trajectory_ids=(q["trajectory_id"],) if q.get("trajectory_id")
                        else ()) for q in queries]
-    found = search(database, vectors, k * _CANDIDATES_PER_NEIGHBOUR, filters=filters, ef_search=ef_search)
-    return [_distinct([hit.transition for hit in hits], k) for hits in found]
+    fetched = max(pool, k * _CANDIDATES_PER_NEIGHBOUR)
+    # Without a filter pgvector returns at most ef_search rows; with one it scans on (retrieval.py).
+    found = search(database, vectors, fetched, filters=filters, ef_search=max(ef_search, fetched))
+    candidates = [_distinct([hit.transition for hit in hits]) for hits in found]
+    if not pool:
+        return [transitions[:k] for transitions in candidates]
+    return [_closest(query, transitions, k, kept) for query, transitions in zip(queries, candidates)]
 
 
-def _distinct(transitions: list[dict], k: int) -> list[dict]:
+def _closest(query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None) -> list[dict]:
+    state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
+    chosen = closest(situation(state, query["action"], kept),
+                     [stored_situation(t["state"], t["action"], kept) for t in transitions], k)
+    return [transitions[index] for index in chosen]
+
+
+def _distinct(transitions: list[dict]) -> list[dict]:
     kept, seen = [], set()
     for transition in transitions:
         key = (transition["state"], transition["action"])
         if key not in seen:
             seen.add(key)
             kept.append(transition)
-    return kept[:k]
+    return kept
 
 
 def _state_text(state: str | AbstractState) -> str:
@@ -149,7 +164,8 @@ def build_examples(database: Database | None, encoder: Encoder | None, rows: Seq
             chunk = ordered[start:start + batch]
             found = neighbours(database, encoder, chunk, config.neighbours, ef_search,
                                _known_vectors(database, encoder, chunk) if config.neighbours else None,
-                               synthetic=config.synthetic_neighbours)
+                               synthetic=config.synthetic_neighbours,
+                               pool=config.retrieval_pool, kept=kept)
             for offset, transitions in enumerate(found):
                 examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))
                 examples += _renamed_copies(ordered, start + offset, transitions, config, annotate,

@@ -46,7 +46,7 @@ RETRY_TEMPERATURE = 0.8
 CACHE = "static"
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
-TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders")
+TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool")
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -88,6 +88,7 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     # A model saved before placeholders existed was trained without them. Renamed copies are
     # training data only, and cannot be asked for together with placeholders.
     trained.setdefault("placeholders", False)
+    trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
     return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE},
                                renamed_copies=0 if trained["placeholders"] else current.renamed_copies)
 
@@ -138,7 +139,8 @@ class ExperienceModel:
                           [{"instruction": q.instruction, "state": q.state, "action": q.action,
                             "trajectory_id": q.trajectory_id} for q in queries],
                           self.config.neighbours, self.ef_search,
-                          synthetic=self.config.synthetic_neighbours)
+                          synthetic=self.config.synthetic_neighbours,
+                          pool=self.config.retrieval_pool, kept=self.kept_names)
 
     def framed(self, queries: Sequence[Query]) -> list[tuple[str, Query, Placeholders]]:
         """Each query as the model sees it: its prompt, the query in the prompt's names (its
