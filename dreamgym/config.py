@@ -142,7 +142,7 @@ class ExperienceConfig:
     history: Annotated[int, _help("h: previous steps of the episode shown in the prompt.", ge=0, le=50)] = 3
     neighbours: Annotated[int, _help("k: similar transitions retrieved from the buffer into the "
                                      "prompt (never from the same trajectory); 0 turns retrieval off.",
-                                     ge=0, le=32)] = 3
+                                     ge=0, le=32)] = 1
     retrieval_pool: Annotated[int, _help(
         "Candidates fetched from the buffer per query, of which the k closest in situation (the "
         "same action, then the most state items in common) are shown (experience/rerank.py); "
@@ -178,9 +178,9 @@ class ExperienceConfig:
     max_length: Annotated[int, _help("Longest prompt + completion in tokens; longer examples are "
                                      "left-truncated in the prompt.", ge=64)] = 1024
     # Training
-    epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 3.0
+    epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 4.0
     batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1)] = 8
-    learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 1e-3
+    learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 2e-3
     warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1)] = 0.05
     save_steps: Annotated[int, _help("Checkpoint every this many steps (training resumes from the "
                                      "last one).", ge=1)] = 100

@@ -3,7 +3,7 @@
 The buffer's vector search finds transitions whose text reads alike (`transition_text`): the same
 kind of room, task and objects. What decides a step's outcome is a few words of that long text:
 the move itself, and facts such as whether the fridge is open or the knife carried. Among the
-three nearest by embedding, only 31% of held-out queries had a worked example whose change was
+three nearest by embedding, only 30% of held-out queries had a worked example whose change was
 exactly the answer (68% of training queries), and the model, which learns to copy its examples,
 copied the wrong ones on new games: `+insert obj1 into fridge` from a neighbour whose fridge was
 open, into a state whose fridge is closed.
@@ -13,7 +13,9 @@ closest: the same action first, then the largest share of state items (location,
 carried items, available actions: their Jaccard index), then the embedding's order. With
 placeholders, both sides are compared in their own placeholders (placeholders.py), so that
 "take tomato from counter" on a held-out game matches "take carrot from counter" in training.
-From a pool of 30, 55% of held-out queries got an example with the exact answer; from 100, 63%.
+Held-out queries (215, default data) with an example showing the exact answer among three, by
+pool size: 30% (the nearest 3), 50% (30), 58% (100), 70% (300, the default), 73% (1000). A pool
+of 300 costs ~0.4 s per batch of 32 queries against ~13 s of generation.
 """
 
 from __future__ import annotations
