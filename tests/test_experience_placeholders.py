@@ -92,16 +92,22 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
     assert load_kept_names(path) == kept
     assert load_kept_names(save_examples(examples, tmp_path / "plain.parquet")) is None
     save_settings(tmp_path, ExperienceConfig(), load_kept_names(path))
-    assert trained_kept_names(tmp_path) == kept and trained_settings(tmp_path, TINY_EXPERIENCE).placeholders
-    # A model saved before placeholders existed was trained without them.
+    trained = trained_settings(tmp_path, TINY_EXPERIENCE)
+    assert trained_kept_names(tmp_path) == kept and trained.placeholders
+    assert trained.retrieval_pool == ExperienceConfig().retrieval_pool > 0
+    # A model saved before placeholders (and retrieval by situation) existed was trained without them.
     legacy = json.loads((tmp_path / SETTINGS_FILE).read_text())
-    del legacy["placeholders"], legacy["kept_names"]
+    del legacy["placeholders"], legacy["kept_names"], legacy["retrieval_pool"]
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(legacy))
-    assert trained_kept_names(tmp_path) is None and not trained_settings(tmp_path, TINY).placeholders
+    trained = trained_settings(tmp_path, TINY)
+    assert trained_kept_names(tmp_path) is None and not trained.placeholders
+    assert trained.retrieval_pool == 0
     with pytest.raises(ValueError, match="kept names"):
         ExperienceModel(None, None, ExperienceConfig(neighbours=0))
     with pytest.raises(ValueError, match="renamed_copies"):
         ExperienceConfig(renamed_copies=2)
+    with pytest.raises(ValueError, match="retrieval_pool"):
+        ExperienceConfig(neighbours=3, retrieval_pool=2)
 
 
 def _queries(rows: list[dict]) -> list[Query]:
