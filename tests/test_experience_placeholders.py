@@ -13,7 +13,7 @@ from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.augment import Renamer
 from dreamgym.experience.examples import build_examples, history_of, load_kept_names, save_examples
-from dreamgym.experience.format import Completion, parse_completion
+from dreamgym.experience.format import Completion, FormatError, parse_completion
 from dreamgym.experience.generate import (SETTINGS_FILE, ExperienceModel, Query, save_settings,
                                           trained_kept_names, trained_settings)
 from dreamgym.experience.model import load_experience_model
@@ -56,6 +56,11 @@ def test_placeholders_number_the_action_first_then_carried_then_visible_and_rest
                            AbstractState("kitchen", ("BBQ", "counter", "obj3 (on counter)", "obj9"),
                                          ("knife", "obj1", "obj2 (sliced)"), ("drop obj1",)), 0.0, False)
     restored = names.restore(predicted)
+    # A name the model wrote from memory beside the placeholder that stands for it would repeat an
+    # item once restored: a failed attempt (generated again), never a state with a repeated item.
+    twice = Completion(None, AbstractState("kitchen", ("BBQ",), ("obj1", "yellow potato"), ()), 0.0, False)
+    with pytest.raises(FormatError, match="both by its placeholder and by its real name"):
+        names.restore(twice)
     # A placeholder the prompt never gave (an imagined object) stays as the model wrote it.
     assert restored.reasoning == "yellow potato goes into the inventory; obj9 appears."
     assert restored.next_state == AbstractState("kitchen", ("BBQ", "counter", "obj9", "red apple (on counter)"),
