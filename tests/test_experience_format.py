@@ -23,7 +23,7 @@ from dreamgym.experience.examples import build_examples, history_of, neighbours,
 from dreamgym.experience.format import (FormatError, apply_delta, format_completion,
                                         format_prompt, parse_completion, state_delta)
 from dreamgym.experience.placeholders import Placeholders, kept_names
-from dreamgym.experience.rerank import closeness, situation
+from dreamgym.experience.rerank import closeness, situation, stored_situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 STATE = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
@@ -294,8 +294,7 @@ def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled,
         assert len(hits) == 3 and all(hit["trajectory_id"] != row["trajectory_id"] for hit in hits)
         # A step seen in another episode (or the same situation elsewhere) comes first.
         own = situation(query["state"], row["action"], kept)
-        same = [t for t in pool
-                if closeness(own, situation(parse_state(t["state"]), t["action"], kept)) == (True, 1.0)]
+        same = [t for t in pool if closeness(own, stored_situation(t["state"], t["action"], kept)) == (True, 1.0)]
         if same:
             firsts += 1
             assert answer(hits[0]) in {answer(t) for t in same}

@@ -26,8 +26,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from dreamgym.experience.augment import Renamer
-from dreamgym.experience.format import Completion, FormatError
-from dreamgym.state import FIELDS, AbstractState, item_name, parse_state
+from dreamgym.experience.format import LIST_FIELDS, Completion, FormatError
+from dreamgym.state import AbstractState, item_name, parse_state
 
 PLACEHOLDER = "obj{}"
 # A carried object in at least this share of the training tasks keeps its name: every game has it.
@@ -101,7 +101,7 @@ class Placeholders:
         """A completion predicted on placeholders, with the real names back; `FormatError` (a failed
         attempt, generated again) when that would repeat an item."""
         next_state = self.backward.abstract(completion.next_state)
-        for field in FIELDS[1:]:
+        for field in LIST_FIELDS:
             items = getattr(next_state, field)
             if len(set(items)) != len(items):  # e.g. `obj1` and, memorised, the name it stands for
                 raise FormatError(f"{field}: the prediction names an object both by its placeholder "

@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from dreamgym.experience.format import LIST_FIELDS
 from dreamgym.experience.placeholders import Placeholders
-from dreamgym.state import FIELDS, AbstractState, parse_state
+from dreamgym.state import AbstractState, parse_state
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def situation(state: AbstractState, action: str, kept: frozenset[str] | None) ->
         names = Placeholders.of(kept, action, [state])
         state, action = names.forward.abstract(state), names.forward.text(action)
     items = {f"location: {state.location}"}
-    for name in FIELDS[1:]:
+    for name in LIST_FIELDS:
         items.update(f"{name}: {item}" for item in getattr(state, name))
     return Situation(action, frozenset(items))
 
