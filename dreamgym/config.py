@@ -148,6 +148,10 @@ class ExperienceConfig:
         "same action, then the most state items in common) are shown (experience/rerank.py); "
         "0: the k nearest by embedding.", ge=0, le=1000)] = 300
     reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
+    copy_examples: Annotated[bool, _help(
+        "Completions name a worked example whose change is the answer ('same as example 1') "
+        "instead of writing that change out, and the parser puts the example's change in its "
+        "place (experience/format.py); false: every change written out.")] = True
     synthetic_neighbours: Annotated[bool, _help(
         "Let retrieval return synthetic transitions (written back by DreamEnv) as worked "
         "examples; off: real ones only, as grounding.")] = False

@@ -47,7 +47,7 @@ def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
     shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
                "neighbours": config.neighbours, "retrieval_pool": config.retrieval_pool,
-               "reasoning": config.reasoning,
+               "reasoning": config.reasoning, "copy_examples": config.copy_examples,
                "renamed_copies": config.renamed_copies, "placeholders": config.placeholders,
                "variations": config.variations_per_task,
                "synthetic_neighbours": config.synthetic_neighbours,

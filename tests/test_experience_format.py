@@ -7,6 +7,7 @@ import json
 import random
 import threading
 from collections import defaultdict
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -20,8 +21,9 @@ from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, descr
                                           make_annotator)
 from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked
-from dreamgym.experience.format import (FormatError, apply_delta, format_completion,
-                                        format_prompt, parse_completion, state_delta)
+from dreamgym.experience.format import (FormatError, Worked, apply_delta, example_changes,
+                                        format_completion, format_prompt, parse_completion,
+                                        referenced_delta, state_delta)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
@@ -234,6 +236,33 @@ def test_surrounding_whitespace_is_tolerated_and_what_would_not_read_back_is_ref
         format_completion(None, "no change", float("inf"), False)
 
 
+def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
+    took = AbstractState("kitchen", ("fridge (closed)", "table"), ("knife",),
+                         ("drop knife", "open fridge", "put knife on table"))
+    worked = [Worked("hall", "take knife from table", state_delta(STATE, took), 0, False),
+              Worked("kitchen", "open fridge", state_delta(STATE, OPENED), 0, False)]
+    prompt = format_prompt("Cook.", [], STATE, "open fridge", worked)
+    changes = example_changes(prompt)
+    assert changes == [example.delta for example in worked]  # read back from the prompt itself
+    assert referenced_delta(state_delta(STATE, OPENED), changes) == "same as example 2"
+    assert referenced_delta("no change", [*changes, "no change"]) == "no change"  # shorter as it is
+    other = AbstractState("kitchen", STATE.visible, ("milk",), STATE.actions)
+    assert referenced_delta(state_delta(STATE, other), changes) == state_delta(STATE, other)
+
+    pointing = format_completion("The fridge is now open.", "same as example 2", 0, False)
+    assert parse_completion(pointing, STATE, True, changes).next_state == OPENED
+    assert parse_completion(GOOD, STATE, True, changes).next_state == OPENED  # written out: the same
+    with pytest.raises(FormatError, match="names an example the prompt does not have .it shows "
+                                          "examples 1 to 2"):
+        parse_completion(pointing.replace("example 2", "example 3"), STATE, True, changes)
+    with pytest.raises(FormatError, match="it shows no worked examples"):
+        parse_completion(pointing, STATE, True)
+    # An example's change that does not fit the state is refused, saying which example it was.
+    with pytest.raises(FormatError, match="'same as example 2' does not fit this state: cannot "
+                                          "remove 'fridge .closed.'"):
+        parse_completion(pointing, OPENED, True, changes)
+
+
 # --- SFT examples with retrieval ---------------------------------------------------------------
 
 def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
@@ -254,6 +283,28 @@ def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, row
         else:
             assert shown == real
     assert all(e.prompt.count("<example>") == config.neighbours for e in examples)
+
+
+def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(filled, encoder, rows):
+    config = ExperienceConfig(placeholders=False, neighbours=2)
+    examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
+    plain = build_examples(filled, encoder, rows, replace(config, copy_examples=False),
+                           ef_search=100, batch=64)
+    pointing = 0
+    for example, written, row in zip(examples, plain, rows, strict=True):
+        assert example.prompt == written.prompt
+        state, next_state = states(row)
+        changes = example_changes(example.prompt)
+        assert len(changes) == 2
+        answer = state_delta(state, next_state)
+        if answer != "no change" and answer in changes:
+            pointing += 1
+            assert f"<next_state>\nsame as example {changes.index(answer) + 1}\n" in example.completion
+        else:
+            assert example.completion == written.completion
+        parsed = parse_completion(example.completion, state, True, changes)
+        assert parsed.next_state == next_state and parsed.reward == row["reward"]
+    assert pointing > len(rows) / 4, pointing  # repeated steps across episodes show their answer
 
 
 def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows):

@@ -100,13 +100,15 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
     trained = trained_settings(tmp_path, TINY_EXPERIENCE)
     assert trained_kept_names(tmp_path) == kept and trained.placeholders
     assert trained.retrieval_pool == ExperienceConfig().retrieval_pool > 0
-    # A model saved before placeholders (and retrieval by situation) existed was trained without them.
+    assert trained_settings(tmp_path, dataclasses.replace(TINY_EXPERIENCE, copy_examples=False)).copy_examples
+    # A model saved before placeholders (retrieval by situation, examples named in completions)
+    # existed was trained without them.
     legacy = json.loads((tmp_path / SETTINGS_FILE).read_text())
-    del legacy["placeholders"], legacy["kept_names"], legacy["retrieval_pool"]
+    del legacy["placeholders"], legacy["kept_names"], legacy["retrieval_pool"], legacy["copy_examples"]
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(legacy))
     trained = trained_settings(tmp_path, TINY)
     assert trained_kept_names(tmp_path) is None and not trained.placeholders
-    assert trained.retrieval_pool == 0
+    assert trained.retrieval_pool == 0 and not trained.copy_examples
     with pytest.raises(ValueError, match="kept names"):
         ExperienceModel(None, None, ExperienceConfig(neighbours=0))
     with pytest.raises(ValueError, match="renamed_copies"):

@@ -10,7 +10,9 @@ rollout never has). Retrieval is batched: one search for a batch of rows.
 nor the action shows, so the synthetic environment applies its own budget, as the real one does.
 
 With `experience.placeholders`, game-specific objects are shown as placeholders (placeholders.py),
-in the example's own rows and, numbered on their own, in each worked example.
+in the example's own rows and, numbered on their own, in each worked example. With
+`experience.copy_examples`, a completion whose change is exactly a worked example's names that
+example (`same as example 1`, format.py) instead of writing the change out.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
                                          object_names, renamable_names)
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
-                                        state_delta)
+                                        referenced_delta, state_delta)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closest, situation, stored_situation
 from dreamgym.state import AbstractState, format_state, parse_state
@@ -206,11 +208,14 @@ def _example(rows: Sequence[dict], index: int, found: list[dict], config: Experi
     done = row["terminated"]
     reasoning = (annotate(state, row["action"], next_state, row["reward"], done, row["won"])
                  if config.reasoning else None)
+    worked = [to_worked(t) for t in found]
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state,
-                           row["action"], [to_worked(t) for t in found])
+                           row["action"], worked)
+    delta = state_delta(state, next_state)
+    if config.copy_examples:
+        delta = referenced_delta(delta, [example.delta for example in worked])
     return Example(prompt=prompt,
-                   completion=format_completion(reasoning, state_delta(state, next_state),
-                                                row["reward"], done),
+                   completion=format_completion(reasoning, delta, row["reward"], done),
                    trajectory_id=row["trajectory_id"], task_id=row["task_id"], step=row["step"],
                    content_hash=row["content_hash"],
                    neighbour_hashes=tuple(t["content_hash"] for t in found),

@@ -21,8 +21,12 @@ has one line per changed field, in the state's field order:
     visible = a; b; c               the whole new list (`visible =` when it becomes empty)
 
 and a list field takes whichever of the two forms is shorter. `no change` is the delta of a step
-that changes nothing. `parse_completion` reads a completion back strictly: anything that is not
-a valid completion raises `FormatError` saying what is wrong, so that the synthetic environment
+that changes nothing. With `experience.copy_examples`, `same as example 2` is the delta of a step
+that changes the state exactly as the prompt's second worked example changed its own (the
+example's `changes:`, which `example_changes` reads back from the prompt): the model points at a
+retrieved change instead of writing it out again token by token.
+
+`parse_completion` reads a completion back strictly: anything that is not a valid completion raises `FormatError` saying what is wrong, so that the synthetic environment
 can count and retry it instead of guessing. Order is presentation, not meaning: the parser reads
 lists as the sets they are, so items and field lines in another order than the writer's, or a
 line restating a field's current value, are read for what they say. Whatever changes the meaning
@@ -45,11 +49,15 @@ from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseErro
 FORMAT_VERSION = 2
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
+SAME_AS = "same as example {}"  # the delta of a worked example of the prompt, 1-based
 SECTIONS = ("reasoning", "next_state", "reward", "done")
 
 _TAG = re.compile(r"<(/?)(reasoning|next_state|reward|done)>")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
+_SAME_AS = re.compile(r"same as example (\d+)")
+_EXAMPLE_CHANGES = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\nchanges:\n(.*?)\n"
+                              r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
 
 
 class FormatError(DreamgymError):
@@ -199,6 +207,26 @@ def _changed(name: str, current: tuple[str, ...], text: str) -> tuple[str, ...]:
     return tuple(sorted(set(current).difference(removed).union(added)))
 
 
+def referenced_delta(delta: str, examples: Sequence[str]) -> str:
+    """`delta`, or `same as example i` when the i-th of the prompt's worked examples changed its
+    state exactly so (the first such example; never for `no change`, which is shorter)."""
+    if delta != NO_CHANGE and delta in examples:
+        return SAME_AS.format(examples.index(delta) + 1)
+    return delta
+
+
+def resolve_reference(delta: str, examples: Sequence[str]) -> str:
+    """The delta that `delta` stands for: itself, or the changes of the worked example it names."""
+    match = _SAME_AS.fullmatch(delta)
+    if match is None:
+        return delta
+    number = int(match[1])
+    if not 1 <= number <= len(examples):
+        shown = f"examples 1 to {len(examples)}" if examples else "no worked examples"
+        raise FormatError(f"'{delta}' names an example the prompt does not have (it shows {shown})")
+    return examples[number - 1]
+
+
 # --- completion --------------------------------------------------------------------------------
 
 def format_completion(reasoning: str | None, delta: str, reward: float, done: bool) -> str:
@@ -221,17 +249,26 @@ def _checked_reasoning(reasoning: str) -> str:
     return reasoning
 
 
-def parse_completion(text: str, state: AbstractState, reasoning: bool) -> Completion:
-    """Read a completion for a step from `state`; `FormatError` says what is wrong with it."""
+def parse_completion(text: str, state: AbstractState, reasoning: bool,
+                     examples: Sequence[str] = ()) -> Completion:
+    """Read a completion for a step from `state`; `FormatError` says what is wrong with it.
+    `examples`: the changes of the prompt's worked examples (`example_changes`), which the next
+    state may name (`same as example i`)."""
     expected = SECTIONS if reasoning else SECTIONS[1:]
     contents = _sections(text.strip(), expected)
     trace = contents["reasoning"].strip() if reasoning else None
     if trace == "":
         raise FormatError("empty <reasoning> section")
-    return Completion(reasoning=trace,
-                      next_state=apply_delta(state, contents["next_state"].strip()),
-                      reward=_parse_reward(contents["reward"]),
-                      done=_parse_done(contents["done"]))
+    delta = contents["next_state"].strip()
+    changes = resolve_reference(delta, examples)
+    try:
+        next_state = apply_delta(state, changes)
+    except FormatError as error:
+        if changes == delta:
+            raise
+        raise FormatError(f"'{delta}' does not fit this state: {error}") from None
+    return Completion(reasoning=trace, next_state=next_state,
+                      reward=_parse_reward(contents["reward"]), done=_parse_done(contents["done"]))
 
 
 def _sections(text: str, expected: Sequence[str]) -> dict[str, str]:
@@ -309,6 +346,12 @@ def format_prompt(instruction: str, history: Sequence[Step], state: AbstractStat
     parts.append(_block("state", [format_state(state)]))
     parts.append(f"<action>{action}</action>")
     return "\n".join(parts) + "\n"
+
+
+def example_changes(prompt: str) -> list[str]:
+    """The changes (deltas) of a prompt's worked examples, in order: what `same as example i`
+    in a completion for that prompt stands for."""
+    return _EXAMPLE_CHANGES.findall(prompt)
 
 
 def _block(tag: str, lines: Sequence[str]) -> str:

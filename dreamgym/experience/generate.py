@@ -31,8 +31,8 @@ from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import neighbours, to_worked
-from dreamgym.experience.format import (Completion, FormatError, Step, format_prompt,
-                                        parse_completion)
+from dreamgym.experience.format import (Completion, FormatError, Step, example_changes,
+                                        format_prompt, parse_completion)
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState
 
@@ -46,7 +46,8 @@ RETRY_TEMPERATURE = 0.8
 CACHE = "static"
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
-TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool")
+TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool",
+                 "copy_examples")
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -89,6 +90,7 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     # training data only, and cannot be asked for together with placeholders.
     trained.setdefault("placeholders", False)
     trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
+    trained.setdefault("copy_examples", False)  # and wrote every change out
     return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE},
                                renamed_copies=0 if trained["placeholders"] else current.renamed_copies)
 
@@ -206,7 +208,8 @@ class ExperienceModel:
             still = []
             for index, text in zip(pending, texts):
                 try:
-                    completion = parse_completion(text, queries[index].state, self.config.reasoning)
+                    completion = parse_completion(text, queries[index].state, self.config.reasoning,
+                                                  example_changes(prompts[index]))
                     results[index] = Prediction(framed[index][2].restore(completion), text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
