@@ -26,8 +26,9 @@ that changes the state exactly as the prompt's second worked example changed its
 example's `changes:`, which `example_changes` reads back from the prompt): the model points at a
 retrieved change instead of writing it out again token by token.
 
-`parse_completion` reads a completion back strictly: anything that is not a valid completion raises `FormatError` saying what is wrong, so that the synthetic environment
-can count and retry it instead of guessing. Order is presentation, not meaning: the parser reads
+`parse_completion` reads a completion back strictly: anything that is not a valid completion
+raises `FormatError` saying what is wrong, so that the synthetic environment can count and retry
+it instead of guessing. Order is presentation, not meaning: the parser reads
 lists as the sets they are, so items and field lines in another order than the writer's, or a
 line restating a field's current value, are read for what they say. Whatever changes the meaning
 or makes it doubtful is refused: a repeated item or field, removing what is not there, adding what
@@ -55,7 +56,7 @@ SECTIONS = ("reasoning", "next_state", "reward", "done")
 _TAG = re.compile(r"<(/?)(reasoning|next_state|reward|done)>")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
-_SAME_AS = re.compile(r"same as example (\d+)")
+_SAME_AS = re.compile(SAME_AS.format(r"(\d+)"))
 _EXAMPLE_CHANGES = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\nchanges:\n(.*?)\n"
                               r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
 
