@@ -196,6 +196,7 @@ class ExperienceModel:
         framed = self.framed(queries)
         prompts = [prompt for prompt, _, _ in framed]
         queries = [shown for _, shown, _ in framed]
+        shown_changes = [example_changes(prompt) for prompt in prompts]  # what a reference names
         results: list[Prediction | None] = [None] * len(queries)
         pending = list(range(len(queries)))
         for attempt in range(self.config.retries + 1):
@@ -209,7 +210,7 @@ class ExperienceModel:
             for index, text in zip(pending, texts):
                 try:
                     completion = parse_completion(text, queries[index].state, self.config.reasoning,
-                                                  example_changes(prompts[index]))
+                                                  shown_changes[index])
                     results[index] = Prediction(framed[index][2].restore(completion), text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
