@@ -154,3 +154,41 @@ def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
         entry = text[len(written):].split("; ")[0].split("\n")[0]
         removed = entry if written.endswith("-") else "k" + entry
         assert removed in (state.inventory if "inventory" in written else state.visible), text
+
+
+def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_experience):
+    from dreamgym.experience.constrain import DeltaConstraint, fitting_references
+
+    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+    takes_knife = "visible: -knife (on table)\ninventory: +knife"
+    drops_apple = "inventory: -apple\nvisible: +apple"  # the state has no apple: it cannot fit
+    assert fitting_references(state, [drops_apple, takes_knife]) == ["same as example 2"]
+    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+
+    def decoded(examples: list[str], wanted: str) -> str:
+        """Greedy decoding of a model that wants to write `wanted` as the next state's first line:
+        each token that continues it scores higher the more of it it spells."""
+        text = "<next_state>\n"
+        for _ in range(len(wanted)):
+            written = text[len("<next_state>\n"):]
+            scores = torch.randn(1, len(tokenizer)) * 0.1
+            scores[0, tokenizer.all_special_ids] = float("-inf")  # it does not stop mid-line
+            for token, piece in enumerate(pieces):
+                if piece and wanted.startswith(written + piece):
+                    scores[0, token] += 10 + len(piece)
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            constrained = DeltaConstraint(tokenizer, [state], 0, [examples])(ids, scores)
+            text += tokenizer.decode([int(constrained.argmax())])
+            if "\n" in text[len("<next_state>\n"):]:
+                break
+        return text[len("<next_state>\n"):].split("\n")[0]
+
+    torch.manual_seed(0)
+    # Unconstrained the model would name example 1, which does not fit: it names example 2.
+    assert decoded([drops_apple, takes_knife], "same as example 1\n") == "same as example 2"
+    # A reference that fits is left alone.
+    assert decoded([drops_apple, takes_knife], "same as example 2\n") == "same as example 2"
+    # No example fits: the first line cannot head for a reference at all.
+    first_line = decoded([drops_apple], "same as example 1\n")
+    assert first_line and not "same as example ".startswith(first_line[:len("same as example ")]), first_line

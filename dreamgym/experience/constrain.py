@@ -11,6 +11,11 @@ The next commonest failures repeat an item: an addition of what the field alread
 line already added, or a replacement line (`visible = ...`) naming an item twice. While the model
 writes such an entry, a token that would end it (with the separator or the line's end) on a
 repeated item is masked, so the model must write a different item or go on with this one.
+
+A next state may also name a worked example (`same as example i`, experience.copy_examples); the
+model sometimes names one whose change does not fit this state (it removes what the state lacks).
+While the next state's first line heads for a reference, only the examples whose change applies to
+the current state may be named; when none applies, the model must write the change out.
 Everything else the model writes freely; the strict parser still reads the result.
 """
 
@@ -21,12 +26,14 @@ from collections.abc import Sequence
 
 import torch
 
+from dreamgym.experience.format import SAME_AS, FormatError, apply_delta
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
 _CLOSE = "</next_state>"
 _LIST_LINE = re.compile(r"(visible|inventory|actions)(:| =) (.*)")  # a change line or a replacement line
 _ENTRY_END = re.compile(r";|\n")
+_REFERENCE = SAME_AS.split("{")[0]  # what every reference starts with: "same as example "
 
 
 def _list_line(generated: str) -> tuple[str, str, list[str]] | None:
@@ -49,6 +56,31 @@ def repeated_entries(state: AbstractState, generated: str) -> tuple[str, set[str
     """(the addition or replacement entry written so far, the items it must not end as) when
     `generated` ends inside such an entry of a list field's line; None anywhere else."""
     return _repeat(state, _list_line(generated))
+
+
+def fitting_references(state: AbstractState, examples: Sequence[str]) -> list[str]:
+    """The references (`same as example i`) whose example's change applies to `state`."""
+    fitting = []
+    for number, changes in enumerate(examples, start=1):
+        try:
+            apply_delta(state, changes)
+        except FormatError:
+            continue
+        fitting.append(SAME_AS.format(number))
+    return fitting
+
+
+def _reference_line(generated: str) -> str | None:
+    """The next state's first line written so far, when `generated` ends on it; None elsewhere."""
+    start = generated.rfind(_OPEN)
+    if start < 0:
+        return None
+    written = generated[start + len(_OPEN):]
+    return None if "\n" in written else written
+
+
+def _heads_for_reference(text: str) -> bool:
+    return bool(text) and (_REFERENCE.startswith(text) or text.startswith(_REFERENCE))
 
 
 def _removal(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tuple[str, list[str]] | None:
@@ -74,10 +106,16 @@ def _repeat(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tu
 
 
 class DeltaConstraint:
-    """A `LogitsProcessor` for a batch of prompts whose current states are `states`."""
+    """A `LogitsProcessor` for a batch of prompts whose current states are `states` and whose
+    worked examples changed their states by `examples` (`format.example_changes`, per prompt)."""
 
-    def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int):
+    def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int,
+                 examples: Sequence[Sequence[str]] | None = None):
         self.states, self.prompt_length = list(states), prompt_length
+        examples = examples if examples is not None else [()] * len(self.states)
+        # A reference's line ends with the newline before `</next_state>`.
+        self.references = [[f"{reference}\n" for reference in fitting_references(state, changes)]
+                           for state, changes in zip(self.states, examples)]
         special = set(tokenizer.all_special_ids)
         # Each token's text, decoded once: the generated text grows by one piece a step (exact
         # for a byte-level BPE on ASCII text) instead of being decoded again at every step.
@@ -99,6 +137,7 @@ class DeltaConstraint:
                 self.generated[row] += self.pieces[token] if token < len(self.pieces) else ""
         self.seen = input_ids.shape[1]
         for row, state in enumerate(self.states):
+            self._constrain_reference(row, scores)
             line = _list_line(self.generated[row])  # parsed once for both rules
             repeated = _repeat(state, line)
             if repeated is not None:
@@ -120,6 +159,19 @@ class DeltaConstraint:
                 mask[allowed] = 0
                 scores[row] = scores[row] + mask
         return scores
+
+    def _constrain_reference(self, row: int, scores: torch.FloatTensor) -> None:
+        """Mask the tokens that would take the first line towards a reference that does not fit."""
+        written = _reference_line(self.generated[row])
+        if written is None or (written and not _heads_for_reference(written)):
+            return
+        endings = self.references[row]
+        candidates = (self.by_first.get(_REFERENCE[len(written)], ()) if len(written) < len(_REFERENCE)
+                      else [(token, piece) for token, piece in enumerate(self.pieces) if piece])
+        masked = [token for token, piece in candidates
+                  if token < scores.shape[1] and _heads_for_reference(written + piece)
+                  and not _fits(written + piece, endings)]
+        scores[row, masked] = float("-inf")
 
 
 def _fits(text: str, endings: Sequence[str]) -> bool:

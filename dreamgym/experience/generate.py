@@ -174,11 +174,13 @@ class ExperienceModel:
                  states: Sequence[AbstractState] | None = None) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
-        name an item the state has and an addition cannot repeat one (`constrain.py`)."""
+        name an item the state has, an addition cannot repeat one and a reference can only name
+        a worked example whose change fits the state (`constrain.py`)."""
         inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
-        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1])]
+        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1],
+                                       [example_changes(prompt) for prompt in prompts])]
                       if states is not None and self.config.constrain_removals else [])
         output = self.model.generate(
             **inputs, logits_processor=LogitsProcessorList(constraint),
