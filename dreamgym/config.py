@@ -145,8 +145,9 @@ class ExperienceConfig:
                                      ge=0, le=32)] = 1
     retrieval_pool: Annotated[int, _help(
         "Candidates fetched from the buffer per query, of which the k closest in situation (the "
-        "same action, then the most state items in common) are shown (experience/rerank.py); "
-        "0: the k nearest by embedding.", ge=0, le=1000)] = 300
+        "same action, a change that fits the state, the same acted-on items, then the most state "
+        "items in common) are shown (experience/rerank.py); "
+        "0: the k nearest by embedding.", ge=0, le=1000)] = 600
     reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
     copy_examples: Annotated[bool, _help(
         "Completions name a worked example whose change is the answer ('same as example 1') "
@@ -193,8 +194,9 @@ class ExperienceConfig:
     max_new_tokens: Annotated[int, _help("Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8)] = 320
     constrain_removals: Annotated[bool, _help(
         "Constrained decoding of the next state's list changes: a removal names only an item the "
-        "current state has, an addition or a replacement line never repeats an item (the local "
-        "backend only).")] = True
+        "current state has, an addition or a replacement line never repeats an item, and 'same "
+        "as example i' names only an example whose change fits the state (the local backend "
+        "only).")] = True
     retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
                                   "reported as a failure.", ge=0)] = 2
     backend: Annotated[Literal["local", "http"], _help(

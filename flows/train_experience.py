@@ -32,6 +32,7 @@ from dreamgym.experience.placeholders import kept_names
 from dreamgym.experience.variations import variation_examples
 from dreamgym.experience.fidelity import collect_real, evaluate
 from dreamgym.experience.format import FORMAT_VERSION
+from dreamgym.experience.rerank import RANKING_VERSION
 from dreamgym.experience.generate import open_experience_model, save_settings
 from dreamgym.experience.report import log_fidelity
 from dreamgym.experience.train import plot_losses, train_sft
@@ -45,8 +46,9 @@ MODEL_NAME = "dreamgym-experience"
 
 def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
-    shaping = {"format": FORMAT_VERSION, "data": data_md5, "history": config.history,
-               "neighbours": config.neighbours, "retrieval_pool": config.retrieval_pool,
+    shaping = {"format": FORMAT_VERSION, "ranking": RANKING_VERSION, "data": data_md5,
+               "history": config.history, "neighbours": config.neighbours,
+               "retrieval_pool": config.retrieval_pool,
                "reasoning": config.reasoning, "copy_examples": config.copy_examples,
                "renamed_copies": config.renamed_copies, "placeholders": config.placeholders,
                "variations": config.variations_per_task,

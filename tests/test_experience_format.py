@@ -25,7 +25,7 @@ from dreamgym.experience.format import (FormatError, Worked, apply_delta, exampl
                                         format_completion, format_prompt, parse_completion,
                                         referenced_delta, state_delta)
 from dreamgym.experience.placeholders import Placeholders, kept_names
-from dreamgym.experience.rerank import closeness, situation, stored_situation
+from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 STATE = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
@@ -345,7 +345,9 @@ def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled,
         assert len(hits) == 3 and all(hit["trajectory_id"] != row["trajectory_id"] for hit in hits)
         # A step seen in another episode (or the same situation elsewhere) comes first.
         own = situation(query["state"], row["action"], kept)
-        same = [t for t in pool if closeness(own, stored_situation(t["state"], t["action"], kept)) == (True, 1.0)]
+        same = [t for t in pool if closeness(own, stored_situation(t["state"], t["action"], kept),
+                                             stored_change(t["state"], t["next_state"], t["action"], kept))
+                == (True, True, True, 1.0)]
         if same:
             firsts += 1
             assert answer(hits[0]) in {answer(t) for t in same}

@@ -4,7 +4,7 @@ on a real buffer is tested with the other retrieval tests in test_experience_for
 from __future__ import annotations
 
 from dreamgym.experience.rerank import Situation, closeness, closest, situation
-from dreamgym.state import AbstractState
+from dreamgym.state import AbstractState, item_name
 
 KEPT = frozenset({"counter", "fridge", "knife", "table"})
 
@@ -23,11 +23,13 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
     # Without placeholders only the kept names and the room are shared.
     raw = situation(kitchen("tomato"), "take tomato from counter", None)
     other = situation(kitchen("carrot"), "take carrot from counter", None)
-    assert raw.action != other.action and closeness(raw, other)[1] < 1
-    # The open fridge is a different situation: the same move, 4 of 8 items in common (room,
-    # counter, food, its take; not the fridge nor its open/close).
+    assert raw.action != other.action and closeness(raw, other)[3] < 1
+    assert tomato.acted == {"visible: obj1 (on counter)", "visible: counter"}
+    # The open fridge is a different situation: the same move on the same items, 4 of 8 items in
+    # common (room, counter, food, its take; not the fridge nor its open/close). No change given:
+    # none is known to fit.
     opened = situation(kitchen("carrot", fridge="open"), "take carrot from counter", KEPT)
-    assert closeness(tomato, opened) == (True, 4 / 8)
+    assert closeness(tomato, opened) == (True, False, True, 4 / 8)
 
 
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
@@ -42,4 +44,29 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     assert closest(query, candidates, 2) == [2, 3]
     assert closest(query, [], 3) == []
     empty = Situation("look", frozenset())
-    assert closeness(empty, empty) == (True, 1.0)
+    assert closeness(empty, empty) == (True, False, True, 1.0)
+
+
+def carrying(food: str, *more: str) -> AbstractState:
+    return AbstractState("kitchen", ("counter", "table"), ("knife", food, *more),
+                         (f"chop {item_name(food)} with knife", "look"))
+
+
+def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items():
+    query = situation(carrying("carrot (roasted)", "egg", "flour"), "chop carrot with knife", KEPT)
+    # Fried, carrying the query's other foods: more items in common, but its change removes
+    # `obj1 (fried)`, which the query's state lacks.
+    fried = situation(carrying("tomato (fried)", "egg", "flour"), "chop tomato with knife", KEPT)
+    roasted = situation(carrying("tomato (roasted)"), "chop tomato with knife", KEPT)
+    changes = ["inventory: -obj1 (fried); +obj1 (chopped, fried)",
+               "inventory: -obj1 (roasted); +obj1 (chopped, roasted)"]
+    assert closeness(query, fried)[3] > closeness(query, roasted)[3]
+    assert closeness(query, fried, changes[0])[:2] == (True, False)
+    assert closeness(query, roasted, changes[1])[:2] == (True, True)
+    assert closest(query, [fried, roasted], 2, changes) == [1, 0]
+    # No change known: the one whose acted-on items are the query's comes first, though it shares
+    # fewer items.
+    assert query.acted == {"inventory: obj1 (roasted)", "inventory: knife"} == roasted.acted != fried.acted
+    assert closest(query, [fried, roasted], 2) == [1, 0]
+    # An object is named as a whole: an action on food1 does not act on food10.
+    assert situation(carrying("food1", "food10"), "eat food1", None).acted == {"inventory: food1"}

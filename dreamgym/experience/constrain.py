@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dreamgym.experience.format import SAME_AS, FormatError, apply_delta
+from dreamgym.experience.format import SAME_AS, fits
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
@@ -60,14 +60,8 @@ def repeated_entries(state: AbstractState, generated: str) -> tuple[str, set[str
 
 def fitting_references(state: AbstractState, examples: Sequence[str]) -> list[str]:
     """The references (`same as example i`) whose example's change applies to `state`."""
-    fitting = []
-    for number, changes in enumerate(examples, start=1):
-        try:
-            apply_delta(state, changes)
-        except FormatError:
-            continue
-        fitting.append(SAME_AS.format(number))
-    return fitting
+    return [SAME_AS.format(number) for number, changes in enumerate(examples, start=1)
+            if fits(state, changes)]
 
 
 def _reference_line(generated: str) -> str | None:

@@ -38,7 +38,7 @@ from dreamgym.experience.augment import (Renamer, invented_names, name_vocabular
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
                                         referenced_delta, state_delta)
 from dreamgym.experience.placeholders import Placeholders, kept_names
-from dreamgym.experience.rerank import closest, situation, stored_situation
+from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, parse_state
 
 
@@ -117,7 +117,8 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
 def _closest(query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None) -> list[dict]:
     state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
     chosen = closest(situation(state, query["action"], kept),
-                     [stored_situation(t["state"], t["action"], kept) for t in transitions], k)
+                     [stored_situation(t["state"], t["action"], kept) for t in transitions], k,
+                     [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions])
     return [transitions[index] for index in chosen]
 
 

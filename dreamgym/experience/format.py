@@ -155,6 +155,15 @@ def apply_delta(state: AbstractState, delta: str) -> AbstractState:
         raise FormatError(f"the delta gives an invalid state: {error}") from None
 
 
+def fits(state: AbstractState, delta: str) -> bool:
+    """Whether `delta` can be applied to `state` (it removes only what is there, and so on)."""
+    try:
+        apply_delta(state, delta)
+    except FormatError:
+        return False
+    return True
+
+
 def _delta_line(line: str) -> tuple[str, str, str]:
     """(field, ':' or '=', the rest) of one delta line."""
     if line == NO_CHANGE:
