@@ -135,8 +135,10 @@ def test_grpo_in_dream_env_raises_the_score_the_experience_model_gives(tiny_expe
     model, tokenizer = load_experience_model(tiny_experience.model_dir)
     # Unconstrained decoding: with the repeat rule of constrain.py this 4-epoch run ended below
     # its start (1.88 vs 2.31 over 16 episodes) - not explained yet, see the issue-4 note.
+    # No retries: a retry is sampled one query at a time, and this memorising model fails often
+    # off its one episode; a failed step changes nothing, which the policy learns to avoid.
     experience = ExperienceModel(model, tokenizer, dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256,
-                                                                       constrain_removals=False), seed=0)
+                                                                       constrain_removals=False, retries=0), seed=0)
     task = seed_tasks(first_episode)[0]
     steps = len(first_episode) + 2
     written = []
