@@ -171,16 +171,17 @@ class ExperienceModel:
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
-                 states: Sequence[AbstractState] | None = None) -> list[str]:
+                 states: Sequence[AbstractState] | None = None,
+                 changes: Sequence[Sequence[str]] | None = None) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
         name an item the state has, an addition cannot repeat one and a reference can only name
-        a worked example whose change fits the state (`constrain.py`)."""
+        a worked example whose change (`changes`: each prompt's `example_changes`) fits the state
+        (`constrain.py`)."""
         inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
-        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1],
-                                       [example_changes(prompt) for prompt in prompts])]
+        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes)]
                       if states is not None and self.config.constrain_removals else [])
         output = self.model.generate(
             **inputs, logits_processor=LogitsProcessorList(constraint),
@@ -204,10 +205,12 @@ class ExperienceModel:
         for attempt in range(self.config.retries + 1):
             if attempt == 0:  # greedy: the same text whatever else is in the batch
                 texts = self.generate([prompts[i] for i in pending],
-                                      states=[queries[i].state for i in pending])
+                                      states=[queries[i].state for i in pending],
+                                      changes=[shown_changes[i] for i in pending])
             else:  # sampled one query at a time, so that a retry does not depend on the batch
                 texts = [self.generate([prompts[i]], sample=True, attempt=attempt,
-                                       states=[queries[i].state])[0] for i in pending]
+                                       states=[queries[i].state], changes=[shown_changes[i]])[0]
+                         for i in pending]
             still = []
             for index, text in zip(pending, texts):
                 try:
@@ -249,9 +252,11 @@ class RemoteExperienceModel(ExperienceModel):
         self.url = f"{config.backend_url.rstrip('/')}/completions"
 
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
-                 states: Sequence[AbstractState] | None = None) -> list[str]:
+                 states: Sequence[AbstractState] | None = None,
+                 changes: Sequence[Sequence[str]] | None = None) -> list[str]:
         """Completions of `prompts` in one request: greedy, or sampled (seeded) for a retry.
-        Removals are not constrained here (`states` is unused): the server decodes freely."""
+        Nothing is constrained here (`states` and `changes` are unused): the server decodes
+        freely."""
         if not prompts:
             return []
         body = {"model": self.config.backend_model, "prompt": list(prompts),

@@ -14,8 +14,8 @@ carried items, available actions: their Jaccard index), then the embedding's ord
 placeholders, both sides are compared in their own placeholders (placeholders.py), so that
 "take tomato from counter" on a held-out game matches "take carrot from counter" in training.
 Held-out queries (215, default data) with an example showing the exact answer among three, by
-pool size: 30% (the nearest 3), 50% (30), 58% (100), 70% (300, the default), 73% (1000). A pool
-of 300 costs ~0.4 s per batch of 32 queries against ~13 s of generation.
+pool size: 30% (the nearest 3), 50% (30), 58% (100), 70% (300), 73% (1000); then, a pool of 300
+cost ~0.4 s per batch of 32 queries against ~13 s of generation.
 
 With one worked example (k = 1) the model copies it whenever it can (`same as example 1`), so
 which candidate comes first matters most. Among candidates with the same action, two facts are
