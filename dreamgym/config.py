@@ -195,9 +195,9 @@ class ExperienceConfig:
     max_new_tokens: Annotated[int, _help("Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8)] = 320
     constrain_removals: Annotated[bool, _help(
         "Constrained decoding of the next state's list changes: a removal names only an item the "
-        "current state has, an addition or a replacement line never repeats an item, and 'same "
-        "as example i' names only an example whose change fits the state (the local backend "
-        "only).")] = True
+        "current state has, an addition or a replacement line never repeats an item, 'same "
+        "as example i' names only an example whose change fits the state, and the reward and "
+        "done are the ones the state-diff reasoning stated (the local backend only).")] = True
     retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
                                   "reported as a failure.", ge=0)] = 2
     backend: Annotated[Literal["local", "http"], _help(

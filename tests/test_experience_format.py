@@ -18,7 +18,7 @@ from dreamgym.buffer.store import upsert_transitions
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, describe_change,
-                                          make_annotator)
+                                          make_annotator, stated_outcome)
 from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked
 from dreamgym.experience.format import (FormatError, Worked, apply_delta, example_changes,
@@ -390,6 +390,20 @@ def test_traces_say_what_moved_where_the_player_went_and_why_the_score_changed(r
         else:
             assert "episode ends" not in trace
     assert {"taken", "moved", "no effect", "scored", "won", "lost"} <= set(seen), seen
+
+
+def test_a_trace_states_the_reward_and_end_it_was_written_for(rows):
+    """`stated_outcome` reads back what `describe_change` said, for every real step and for
+    rewards the games never give (a fall, a fraction)."""
+    for row in rows:
+        assert stated_outcome(_trace(row)) == (row["reward"], row["terminated"])
+    for reward in (-1, 0.5, 0.1 + 0.2):
+        for done, won in ((False, None), (True, None), (True, False)):
+            assert stated_outcome(describe_change(STATE, "open fridge", OPENED, reward, done, won)) \
+                == (reward, done)
+    # Traces in other words, or with a garbled number, state nothing.
+    assert stated_outcome("The fridge opens, revealing milk. Nothing is scored.") is None
+    assert stated_outcome("The score rises by 1.2.3: the action advances the task.") is None
 
 
 def test_a_trace_names_what_an_opened_container_reveals_and_changed_states():

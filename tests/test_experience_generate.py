@@ -192,3 +192,37 @@ def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_exper
     # No example fits: the first line cannot head for a reference at all.
     first_line = decoded([drops_apple], "same as example 1\n")
     assert first_line and not "same as example ".startswith(first_line[:len("same as example ")]), first_line
+
+
+def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experience):
+    from dreamgym.experience.constrain import DeltaConstraint
+
+    state = AbstractState("kitchen", ("table",), ("carrot",), ("eat carrot",))
+    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+    tail = "\n<reward>1</reward>\n<done>false</done>"  # what the model "wants" to write
+
+    def decoded(reasoning: str, stated: bool = True) -> str:
+        """Greedy decoding after the next state of a model that wants to write `tail`."""
+        text = f"<reasoning>{reasoning}</reasoning>\n<next_state>\ninventory: -carrot\n</next_state>"
+        prefix = len(text)
+        while "</done>" not in text and len(text) < prefix + 2 * len(tail):
+            written = text[prefix:]
+            scores = torch.randn(1, len(tokenizer)) * 0.1
+            scores[0, tokenizer.all_special_ids] = float("-inf")
+            for token, piece in enumerate(pieces):
+                if piece and tail.startswith(written + piece):
+                    scores[0, token] += 10 + len(piece)
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            constrained = DeltaConstraint(tokenizer, [state], 0, None, stated)(ids, scores)
+            text += tokenizer.decode([int(constrained.argmax())])
+        return text[prefix:]
+
+    torch.manual_seed(0)
+    lost = "Effects: carrot leaves the inventory. The score does not change. The task is lost and the episode ends."
+    assert decoded(lost) == "\n<reward>0</reward>\n<done>true</done>"
+    assert decoded(lost, stated=False) == tail  # the rule is off: the model's own tags
+    scored = "Effects: carrot leaves the inventory. The score rises by 1: the action advances the task."
+    assert decoded(scored) == tail  # the tags it wanted agree with its reasoning
+    # A reasoning in other words states nothing: the model writes its tags.
+    assert decoded("The carrot is eaten; it was not in the recipe.") == tail

@@ -9,6 +9,7 @@ OpenAI-compatible endpoint (e.g. a vLLM server) instead, for teams with a strong
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -105,18 +106,45 @@ def _what_changed(state: AbstractState, next_state: AbstractState) -> str:
     return f"Effects: {'; '.join(phrases)}."
 
 
+_RISES = "The score rises by {}: the action advances the task."
+_FALLS = "The score falls by {}."
+_UNCHANGED = "The score does not change."
+_ENDS = "the episode ends."
+# What `describe_change` says of the reward and the end, read back (`stated_outcome`).
+_STATED_SCORE = re.compile("|".join([re.escape(_RISES).replace(r"\{\}", r"(?P<rise>[0-9][0-9.e+-]*)"),
+                                     re.escape(_FALLS).replace(r"\{\}", r"(?P<fall>[0-9][0-9.e+-]*)"),
+                                     re.escape(_UNCHANGED)]))
+
+
 def _score_change(reward: float) -> str:
     if reward > 0:
-        return f"The score rises by {format_number(reward)}: the action advances the task."
+        return _RISES.format(format_number(reward))
     if reward < 0:
-        return f"The score falls by {format_number(-reward)}."
-    return "The score does not change."
+        return _FALLS.format(format_number(-reward))
+    return _UNCHANGED
 
 
 def _ending(won: bool | None) -> str:
     if won is None:
-        return "The episode ends."
-    return f"The task is {'won' if won else 'lost'} and the episode ends."
+        return _ENDS.capitalize()
+    return f"The task is {'won' if won else 'lost'} and {_ENDS}"
+
+
+def stated_outcome(trace: str) -> tuple[float, bool] | None:
+    """(reward, done) as a `describe_change` trace states them; None when the trace does not say
+    what the score did in its words (a trace of another annotator, or one the model garbled).
+
+    The experience model writes its trace first: decoding holds the reward and done it then
+    writes to what the trace said (`constrain.py`), as the annotator's traces always agree."""
+    found = _STATED_SCORE.search(trace)
+    if found is None:
+        return None
+    try:
+        reward = (float(found["rise"]) if found["rise"] else
+                  -float(found["fall"]) if found["fall"] else 0.0)
+    except ValueError:  # a number the model garbled, e.g. "1.2.3"
+        return None
+    return reward, _ENDS in trace[found.end():].lower()
 
 
 def describe_change(state: AbstractState, action: str, next_state: AbstractState, reward: float,

@@ -16,6 +16,11 @@ A next state may also name a worked example (`same as example i`, experience.cop
 model sometimes names one whose change does not fit this state (it removes what the state lacks).
 While the next state's first line heads for a reference, only the examples whose change applies to
 the current state may be named; when none applies, the model must write the change out.
+
+The model writes its reasoning first, and a long next state in between sometimes makes it forget
+what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
+the reasoning states the score and the end in the default annotator's words
+(`annotate.stated_outcome`), the reward and done after the next state are held to what it said.
 Everything else the model writes freely; the strict parser still reads the result.
 """
 
@@ -26,7 +31,8 @@ from collections.abc import Sequence
 
 import torch
 
-from dreamgym.experience.format import SAME_AS, fits
+from dreamgym.experience.annotate import stated_outcome
+from dreamgym.experience.format import SAME_AS, fits, format_number
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
@@ -34,6 +40,7 @@ _CLOSE = "</next_state>"
 _LIST_LINE = re.compile(r"(visible|inventory|actions)(:| =) (.*)")  # a change line or a replacement line
 _ENTRY_END = re.compile(r";|\n")
 _REFERENCE = SAME_AS.split("{")[0]  # what every reference starts with: "same as example "
+_REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.DOTALL)
 
 
 def _list_line(generated: str) -> tuple[str, str, list[str]] | None:
@@ -77,6 +84,18 @@ def _heads_for_reference(text: str) -> bool:
     return bool(text) and (_REFERENCE.startswith(text) or text.startswith(_REFERENCE))
 
 
+def stated_tail(generated: str) -> tuple[str, str] | None:
+    """(what follows the next state so far, what it must be) once the next state is closed and
+    the reasoning stated the outcome (`annotate.stated_outcome`); None anywhere else."""
+    closed = generated.find(_CLOSE)
+    reasoning = _REASONING.search(generated)
+    if closed < 0 or reasoning is None or (outcome := stated_outcome(reasoning[1])) is None:
+        return None
+    reward, done = outcome
+    tail = f"\n<reward>{format_number(reward)}</reward>\n<done>{'true' if done else 'false'}</done>"
+    return generated[closed + len(_CLOSE):], tail
+
+
 def _removal(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tuple[str, list[str]] | None:
     if line is None or line[1] != ":" or not line[2][-1].startswith("-"):
         return None
@@ -101,11 +120,13 @@ def _repeat(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tu
 
 class DeltaConstraint:
     """A `LogitsProcessor` for a batch of prompts whose current states are `states` and whose
-    worked examples changed their states by `examples` (`format.example_changes`, per prompt)."""
+    worked examples changed their states by `examples` (`format.example_changes`, per prompt).
+    `stated`: the reward and done follow the reasoning (a model trained on `describe_change`
+    traces)."""
 
     def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int,
-                 examples: Sequence[Sequence[str]] | None = None):
-        self.states, self.prompt_length = list(states), prompt_length
+                 examples: Sequence[Sequence[str]] | None = None, stated: bool = False):
+        self.states, self.prompt_length, self.stated = list(states), prompt_length, stated
         examples = examples if examples is not None else [()] * len(self.states)
         # A reference's line ends with the newline before `</next_state>`.
         self.references = [[f"{reference}\n" for reference in fitting_references(state, changes)]
@@ -131,6 +152,8 @@ class DeltaConstraint:
                 self.generated[row] += self.pieces[token] if token < len(self.pieces) else ""
         self.seen = input_ids.shape[1]
         for row, state in enumerate(self.states):
+            if self.stated:
+                self._constrain_tail(row, scores)
             self._constrain_reference(row, scores)
             line = _list_line(self.generated[row])  # parsed once for both rules
             repeated = _repeat(state, line)
@@ -153,6 +176,22 @@ class DeltaConstraint:
                 mask[allowed] = 0
                 scores[row] = scores[row] + mask
         return scores
+
+    def _constrain_tail(self, row: int, scores: torch.FloatTensor) -> None:
+        """Keep what follows the next state on the way to the reward and done the reasoning
+        stated."""
+        found = stated_tail(self.generated[row])
+        if found is None:
+            return
+        written, tail = found
+        if not tail.startswith(written) or written == tail:
+            return  # it went its own way before the rule could act (or is done): the parser reads it
+        allowed = [token for token, piece in self.by_first.get(tail[len(written)], ())
+                   if token < scores.shape[1] and _fits(written + piece, [tail])]
+        if allowed:
+            mask = torch.full_like(scores[row], float("-inf"))
+            mask[allowed] = 0
+            scores[row] = scores[row] + mask
 
     def _constrain_reference(self, row: int, scores: torch.FloatTensor) -> None:
         """Mask the tokens that would take the first line towards a reference that does not fit."""

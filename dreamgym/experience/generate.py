@@ -47,7 +47,7 @@ CACHE = "static"
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
 TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool",
-                 "copy_examples")
+                 "copy_examples", "annotator")
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -91,6 +91,7 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     trained.setdefault("placeholders", False)
     trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
     trained.setdefault("copy_examples", False)  # and wrote every change out
+    trained.setdefault("annotator", "state-diff")  # the only one there was
     return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE},
                                renamed_copies=0 if trained["placeholders"] else current.renamed_copies)
 
@@ -175,13 +176,15 @@ class ExperienceModel:
                  changes: Sequence[Sequence[str]] | None = None) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
-        name an item the state has, an addition cannot repeat one and a reference can only name
-        a worked example whose change (`changes`: each prompt's `example_changes`) fits the state
-        (`constrain.py`)."""
+        name an item the state has, an addition cannot repeat one, a reference can only name
+        a worked example whose change (`changes`: each prompt's `example_changes`) fits the state,
+        and the reward and done are those the reasoning stated (`constrain.py`)."""
         inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
-        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes)]
+        stated = self.config.reasoning and self.config.annotator == "state-diff"
+        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes,
+                                       stated)]
                       if states is not None and self.config.constrain_removals else [])
         output = self.model.generate(
             **inputs, logits_processor=LogitsProcessorList(constraint),
