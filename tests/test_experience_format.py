@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 from collections import defaultdict
 from dataclasses import replace
@@ -21,9 +22,9 @@ from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, descr
                                           make_annotator, stated_outcome)
 from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked
-from dreamgym.experience.format import (FormatError, Worked, apply_delta, example_changes,
-                                        format_completion, format_prompt, parse_completion,
-                                        referenced_delta, state_delta)
+from dreamgym.experience.format import (FormatError, Worked, acted_object, apply_delta,
+                                        example_changes, format_completion, format_prompt,
+                                        parse_completion, referenced_delta, state_delta, task_says)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
@@ -83,8 +84,10 @@ def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_
     assert [e.content_hash for e in examples] == [r["content_hash"] for r in rows]
     for example, row in zip(examples, rows):
         state, next_state = states(row)
+        said = task_says(row["instruction"], state, row["action"])
         assert example.prompt.endswith(f"<state>\n{row['state']}\n</state>\n"
-                                       f"<action>{row['action']}</action>\n")
+                                       f"<action>{row['action']}</action>\n"
+                                       + ("" if said is None else f"<task_says>{said}</task_says>\n"))
         assert "<examples>" not in example.prompt
         parsed = parse_completion(example.completion, state, reasoning=with_reasoning)
         assert parsed.next_state == next_state
@@ -241,7 +244,9 @@ def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
                          ("drop knife", "open fridge", "put knife on table"))
     worked = [Worked("hall", "take knife from table", state_delta(STATE, took), 0, False),
               Worked("kitchen", "open fridge", state_delta(STATE, OPENED), 0, False)]
+    worked[1] = replace(worked[1], task_says="of fridge: Open the fridge")
     prompt = format_prompt("Cook.", [], STATE, "open fridge", worked)
+    assert "action: open fridge\ntask says: of fridge: Open the fridge\nchanges:\n" in prompt
     changes = example_changes(prompt)
     assert changes == [example.delta for example in worked]  # read back from the prompt itself
     assert referenced_delta(state_delta(STATE, OPENED), changes) == "same as example 2"
@@ -316,12 +321,17 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
     assert len(repeated) > 20, "the dataset should repeat steps across episodes of a game"
     # Queries as a rollout makes them: the state as an AbstractState, not as text.
     queries = [{**row, "state": parse_state(row["state"])} for row in repeated]
-    found = [[to_worked(t) for t in hits] for hits in neighbours(filled, encoder, queries, k=3, ef_search=100)]
+    hits = neighbours(filled, encoder, queries, k=3, ef_search=100)
+    instructions = {row["task_id"]: row["instruction"] for row in rows}
+    assert all(hit["instruction"] == instructions[hit["task_id"]] for found in hits for hit in found)
+    found = [[to_worked(t) for t in found] for found in hits]
     for row, worked in zip(repeated, found):
         state, next_state = states(row)
         # Another episode's identical step (TextWorld is deterministic: the same outcome too).
         assert any(w.action == row["action"] and w.location == state.location
-                   and w.delta == state_delta(state, next_state) for w in worked), row["action"]
+                   and w.delta == state_delta(state, next_state)
+                   and w.task_says == task_says(row["instruction"], state, row["action"])
+                   for w in worked), row["action"]
     assert neighbours(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
 
 
@@ -392,6 +402,36 @@ def test_traces_say_what_moved_where_the_player_went_and_why_the_score_changed(r
     assert {"taken", "moved", "no effect", "scored", "won", "lost"} <= set(seen), seen
 
 
+def test_the_prompt_quotes_what_the_task_says_of_the_object_acted_on(rows):
+    """Taking a recipe's ingredient scores (the first time), taking anything else does not: the
+    prompt quotes the recipe's words on the object taken, or says there are none."""
+    seen = defaultdict(int)
+    for row in rows:
+        state = parse_state(row["state"])
+        said = task_says(row["instruction"], state, row["action"])
+        prompt = format_prompt(row["instruction"], [], state, row["action"], [])
+        assert prompt.endswith(f"<action>{row['action']}</action>\n"
+                               + ("" if said is None else f"<task_says>{said}</task_says>\n"))
+        taken = re.fullmatch(r"take (.+?)(?: from .+)?", row["action"])
+        if taken is None or taken[1] in ("knife", "cookbook", "meal"):
+            continue
+        recipe = re.search(r"ingredients: ([^.]*)\.", row["instruction"])[1].split(", ")
+        if taken[1] in recipe:
+            assert said.startswith(f"of {taken[1]}: Recipe: ingredients: "), said
+            assert f"the {taken[1]}" in said.split("ingredients: ")[1], said  # its directions
+            seen["ingredient" + (" scored" if row["reward"] > 0 else "")] += 1
+        else:
+            assert said == f"nothing of {taken[1]}" and row["reward"] == 0, said
+            seen["not an ingredient"] += 1
+    assert {"ingredient", "ingredient scored", "not an ingredient"} <= set(seen), seen
+    # The longest name at the first place the action names one; nothing for an action on no item.
+    pepper = AbstractState("kitchen", ("pepper", "red pepper (on table)", "table"), (), ())
+    assert acted_object(pepper, "take red pepper from table") == "red pepper"
+    assert task_says("Slice the red pepper. Eat.", pepper, "take red pepper from table") \
+        == "of red pepper: Slice the red pepper"
+    assert task_says("Look around.", STATE, "look") is None
+
+
 def test_a_trace_states_the_reward_and_end_it_was_written_for(rows):
     """`stated_outcome` reads back what `describe_change` said, for every real step and for
     rewards the games never give (a fall, a fraction)."""
@@ -457,9 +497,11 @@ def chat_server():
 def test_openai_annotator_asks_the_endpoint_and_reports_failures(chat_server):
     base = f"http://127.0.0.1:{chat_server.server_address[1]}"
     annotator = OpenAIAnnotator(f"{base}/ok/", "strong-model", timeout=5)
-    assert annotator(STATE, "open fridge", OPENED, 0.0, False) == "The fridge opens, revealing milk."
+    assert annotator(STATE, "open fridge", OPENED, 0.0, False, task="Cook the milk.") \
+        == "The fridge opens, revealing milk."
     path, body = chat_server.requests[-1]
     assert path == "/ok/chat/completions" and body["model"] == "strong-model"
+    assert "Task: Cook the milk.\n" in body["messages"][-1]["content"]
     assert "Action: open fridge" in body["messages"][-1]["content"]
     assert format_state(OPENED) in body["messages"][-1]["content"]
 

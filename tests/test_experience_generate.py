@@ -4,17 +4,29 @@ real TextWorld transitions; no retrieval here (k = 0), so no buffer is needed.""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from conftest import TINY_EXPERIENCE as TINY
 from dreamgym.experience.examples import history_of
-from dreamgym.experience.format import Step
+from dreamgym.experience.format import FORMAT_VERSION, Step
 from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
-from dreamgym.experience.generate import ExperienceModel, Query, trained_settings
+from dreamgym.experience.generate import (SETTINGS_FILE, ExperienceFormatError, ExperienceModel, Query,
+                                          trained_settings)
 from dreamgym.experience.model import load_experience_model
 from dreamgym.state import AbstractState, parse_state
+
+
+def test_a_model_trained_on_another_prompt_format_is_refused(tmp_path):
+    saved = dataclasses.asdict(TINY) | {"kept_names": None}  # as settings were saved before format 3
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(saved))
+    with pytest.raises(ExperienceFormatError, match="trained on prompt format 2, and this dreamgym "
+                                                    f"writes format {FORMAT_VERSION}.*dreamgym run"):
+        trained_settings(tmp_path, TINY)
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(saved | {"format": FORMAT_VERSION}))
+    assert trained_settings(tmp_path, TINY) == TINY
 
 
 def test_set_and_field_f1():

@@ -11,7 +11,7 @@ filter does not return fewer than k neighbours when more exist.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,3 +127,13 @@ def stored_embeddings(database: Database, hashes: Sequence[str]) -> dict[str, np
         return {content: np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector,
                                     dtype=np.float32)
                 for content, vector in cursor.fetchall()}
+
+
+def task_instructions(database: Database, task_ids: Iterable[str]) -> dict[str, str]:
+    """The instruction of each of these tasks that the buffer holds."""
+    task_ids = sorted(set(task_ids))
+    if not task_ids:
+        return {}
+    with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
+        cursor.execute("SELECT task_id, instruction FROM tasks WHERE task_id = ANY(%s)", (task_ids,))
+        return dict(cursor.fetchall())

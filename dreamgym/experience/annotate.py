@@ -20,7 +20,7 @@ from dreamgym.errors import DreamgymError
 from dreamgym.experience.format import format_number
 from dreamgym.state import AbstractState, format_state, item_name
 
-Annotator = Callable[..., str]  # (state, action, next_state, reward, done, won=None) -> trace
+Annotator = Callable[..., str]  # (state, action, next_state, reward, done, won=None, task=None) -> trace
 _LISTED = 4  # items named in a list before "and N more"
 
 
@@ -136,7 +136,9 @@ def stated_outcome(trace: str) -> tuple[float, bool] | None:
 
     The experience model writes its trace first: decoding holds the reward and done it then
     writes to what the trace said (`constrain.py`), as the annotator's traces always agree."""
-    found = _STATED_SCORE.search(trace)
+    found = None
+    for found in _STATED_SCORE.finditer(trace):  # the last: the others are the effects' words
+        pass
     if found is None:
         return None
     try:
@@ -148,11 +150,12 @@ def stated_outcome(trace: str) -> tuple[float, bool] | None:
 
 
 def describe_change(state: AbstractState, action: str, next_state: AbstractState, reward: float,
-                    done: bool, won: bool | None = None) -> str:
+                    done: bool, won: bool | None = None, task: str | None = None) -> str:
     """A faithful 1-3 sentence trace of a step, from the states alone.
 
-    `action` is not used: the trace says what the states show, not what the action meant to do
-    (it is part of the signature every annotator shares). `won` is read only when `done`.
+    `action` and `task` are not used: the trace says what the states show, not what the action
+    meant to do (they are part of the signature every annotator shares). `won` is read only
+    when `done`.
     """
     sentences = [_what_changed(state, next_state), _score_change(reward)]
     if done:
@@ -161,8 +164,8 @@ def describe_change(state: AbstractState, action: str, next_state: AbstractState
 
 
 _SYSTEM_PROMPT = ("You explain one step of a text game. Answer in 1 to 3 short sentences, stating "
-                  "only what follows from the two states and the reward: what the action changed, "
-                  "why the score changed, and whether the episode ended.")
+                  "only what follows from the task, the two states and the reward: what the action "
+                  "changed, why the score changed, and whether the episode ended.")
 
 
 class OpenAIAnnotator:
@@ -174,10 +177,11 @@ class OpenAIAnnotator:
         self.timeout = timeout
 
     def __call__(self, state: AbstractState, action: str, next_state: AbstractState, reward: float,
-                 done: bool, won: bool | None = None) -> str:
+                 done: bool, won: bool | None = None, task: str | None = None) -> str:
         ending = ("no" if not done else "yes" if won is None
                   else f"yes, the task is {'won' if won else 'lost'}")
-        question = (f"State:\n{format_state(state)}\n\nAction: {action}\n\n"
+        question = ((f"Task: {task}\n\n" if task else "") +
+                    f"State:\n{format_state(state)}\n\nAction: {action}\n\n"
                     f"Next state:\n{format_state(next_state)}\n\n"
                     f"Reward: {format_number(reward)}. Episode ended: {ending}.")
         return self._ask(question)

@@ -30,13 +30,13 @@ from tqdm import tqdm
 
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder, transition_text
-from dreamgym.buffer.retrieval import Filters, search, stored_embeddings
+from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_instructions
 from dreamgym.config import ExperienceConfig
 from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
                                          object_names, renamable_names)
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
-                                        referenced_delta, state_delta)
+                                        referenced_delta, state_delta, task_says)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, parse_state
@@ -83,7 +83,8 @@ def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
 def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequence[dict], k: int,
                ef_search: int, vectors: np.ndarray | None = None, synthetic: bool = False,
                pool: int = 0, kept: frozenset[str] | None = None) -> list[list[dict]]:
-    """The k most similar distinct transitions of each query, in one search for all of them.
+    """The k most similar distinct transitions of each query, in one search for all of them, each
+    with its task's `instruction`.
 
     A query has `instruction`, `state` (its text, as in a transition row, or an `AbstractState`,
     as in a rollout) and `action`, and optionally `trajectory_id`, whose transitions are then never
@@ -109,9 +110,11 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     # Without a filter pgvector returns at most ef_search rows; with one it scans on (retrieval.py).
     found = search(database, vectors, fetched, filters=filters, ef_search=max(ef_search, fetched))
     candidates = [_distinct([hit.transition for hit in hits]) for hits in found]
-    if not pool:
-        return [transitions[:k] for transitions in candidates]
-    return [_closest(query, transitions, k, kept) for query, transitions in zip(queries, candidates)]
+    chosen = ([transitions[:k] for transitions in candidates] if not pool else
+              [_closest(query, transitions, k, kept) for query, transitions in zip(queries, candidates)])
+    # Each with its task's words (format.task_says), read for the few chosen only.
+    tasks = task_instructions(database, {row["task_id"] for rows in chosen for row in rows})
+    return [[row | {"instruction": tasks.get(row["task_id"])} for row in rows] for rows in chosen]
 
 
 def _closest(query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None) -> list[dict]:
@@ -137,11 +140,14 @@ def _state_text(state: str | AbstractState) -> str:
 
 
 def to_worked(transition: dict) -> Worked:
-    """A retrieved transition (retrieval.RETURNED_COLUMNS) as a worked example."""
+    """A retrieved transition (retrieval.RETURNED_COLUMNS, with its task's `instruction`) as a
+    worked example."""
     state, next_state = parse_state(transition["state"]), parse_state(transition["next_state"])
+    said = (task_says(transition["instruction"], state, transition["action"])
+            if transition.get("instruction") else None)
     return Worked(location=state.location, action=transition["action"],
                   delta=state_delta(state, next_state), reward=transition["reward"],
-                  done=transition["terminated"])
+                  done=transition["terminated"], task_says=said)
 
 
 def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
@@ -207,8 +213,8 @@ def _example(rows: Sequence[dict], index: int, found: list[dict], config: Experi
     row = rows[index]
     state, next_state = parse_state(row["state"]), parse_state(row["next_state"])
     done = row["terminated"]
-    reasoning = (annotate(state, row["action"], next_state, row["reward"], done, row["won"])
-                 if config.reasoning else None)
+    reasoning = (annotate(state, row["action"], next_state, row["reward"], done, row["won"],
+                          task=row["instruction"]) if config.reasoning else None)
     worked = [to_worked(t) for t in found]
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state,
                            row["action"], worked)

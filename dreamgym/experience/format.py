@@ -1,7 +1,12 @@
 """The experience model's text format: prompt, completion and state delta, defined here only.
 
 A prompt shows the task, worked examples retrieved from the buffer, the last steps of the
-episode, the current state and the action. The completion the model learns to write is:
+episode, the current state and the action, then what the task says of the object the action acts
+on (`task_says`). Whether a step scores depends on those words (an ingredient of the recipe, the
+cut it asks for), and a small model does not find them ~700 tokens back on its own: asked to
+quote them in its reasoning it quoted a recipe's usual words instead, in 79 of 215 held-out steps.
+So the prompt quotes them next to the action, and each worked example shows its own. The
+completion the model learns to write is:
 
     <reasoning>The fridge is now open; ... The score does not change.</reasoning>
     <next_state>
@@ -43,11 +48,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dreamgym.errors import DreamgymError
-from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state
+from dreamgym.state import (FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state,
+                            item_name)
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
 # then built again instead of reused.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the prompt and its worked examples quote the task's words on the action (task_says)
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
 SAME_AS = "same as example {}"  # the delta of a worked example of the prompt, 1-based
@@ -57,7 +63,8 @@ _TAG = re.compile(r"<(/?)(reasoning|next_state|reward|done)>")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
 _SAME_AS = re.compile(SAME_AS.format(r"(\d+)"))
-_EXAMPLE_CHANGES = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\nchanges:\n(.*?)\n"
+_EXAMPLE_CHANGES = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
+                              r"changes:\n(.*?)\n"
                               r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
 
 
@@ -93,6 +100,7 @@ class Worked:
     delta: str
     reward: float
     done: bool
+    task_says: str | None = None  # `task_says` of its own task
 
 
 # --- numbers and flags -------------------------------------------------------------------------
@@ -345,7 +353,7 @@ def format_prompt(instruction: str, history: Sequence[Step], state: AbstractStat
     """The prompt for one step; it ends with a newline so that the completion starts cleanly.
 
     Worked examples keep the order given (most similar first); the examples and history blocks
-    are left out when empty.
+    are left out when empty, and the task's words on the action when it acts on no item.
     """
     parts = [f"<task>{instruction}</task>"]
     if worked:
@@ -355,7 +363,39 @@ def format_prompt(instruction: str, history: Sequence[Step], state: AbstractStat
                                         f"{format_number(step.reward)}" for step in history]))
     parts.append(_block("state", [format_state(state)]))
     parts.append(f"<action>{action}</action>")
+    said = task_says(instruction, state, action)
+    if said is not None:
+        parts.append(f"<task_says>{said}</task_says>")
     return "\n".join(parts) + "\n"
+
+
+def acted_object(state: AbstractState, action: str) -> str | None:
+    """The item the action acts on: of the items the state shows, the one the action names first
+    (the longest of those named at the same place); None for an action on no item."""
+    named = []
+    for name in {item_name(item) for item in state.visible + state.inventory}:
+        found = whole_word(name).search(action)
+        if found:
+            named.append((found.start(), -len(name), name))
+    return min(named)[2] if named else None
+
+
+def task_says(instruction: str, state: AbstractState, action: str) -> str | None:
+    """What the task says of the item `action` acts on in `state`: the task's clauses that name
+    it, or that none does; None when the action acts on no item."""
+    name = acted_object(state, action)
+    if name is None:
+        return None
+    clauses = [clause.rstrip(".!?;") for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
+    mentions = [clause for clause in clauses if whole_word(name).search(clause)]
+    if not mentions:
+        return f"nothing of {name}"
+    return f"of {name}: {'; '.join(mentions)}"
+
+
+def whole_word(name: str) -> re.Pattern:
+    """`name` as a whole: `obj1` is not in `take obj10`, `pepper` not in `red-pepper`."""
+    return re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
 
 
 def example_changes(prompt: str) -> list[str]:
@@ -370,5 +410,6 @@ def _block(tag: str, lines: Sequence[str]) -> str:
 
 def _worked_block(example: Worked) -> str:
     outcome = f"reward: {format_number(example.reward)} done: {_flag(example.done)}"
-    return _block("example", [f"location: {example.location}", f"action: {example.action}",
+    said = [] if example.task_says is None else [f"task says: {example.task_says}"]
+    return _block("example", [f"location: {example.location}", f"action: {example.action}", *said,
                               "changes:", example.delta, outcome])

@@ -31,8 +31,8 @@ from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import neighbours, to_worked
-from dreamgym.experience.format import (Completion, FormatError, Step, example_changes,
-                                        format_prompt, parse_completion)
+from dreamgym.experience.format import (FORMAT_VERSION, Completion, FormatError, Step,
+                                        example_changes, format_prompt, parse_completion)
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState
 
@@ -52,6 +52,10 @@ BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each nex
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
+class ExperienceFormatError(DreamgymError):
+    """A trained model whose prompts had another shape than the ones this code writes."""
+
+
 class ExperienceBackendError(DreamgymError):
     """An experience-model server that cannot be reached or gives no usable completions."""
 
@@ -69,7 +73,7 @@ def save_settings(model_dir: str | Path, config: ExperienceConfig,
     if config.placeholders and kept_names is None:
         raise ValueError("a model trained with placeholders needs its kept names saved with it")
     settings = dataclasses.asdict(config) | {
-        "kept_names": sorted(kept_names) if config.placeholders else None}
+        "kept_names": sorted(kept_names) if config.placeholders else None, "format": FORMAT_VERSION}
     (Path(model_dir) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
 
 
@@ -86,6 +90,11 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     if not path.is_file():
         return current
     trained = json.loads(path.read_text())
+    if trained.get("format", 2) != FORMAT_VERSION:  # saved before the version was: 2
+        raise ExperienceFormatError(
+            f"the experience model in {Path(model_dir).parent} was trained on prompt format "
+            f"{trained.get('format', 2)}, and this dreamgym writes format {FORMAT_VERSION} "
+            "(experience/format.py): train it again with dreamgym run")
     # A model saved before placeholders existed was trained without them. Renamed copies are
     # training data only, and cannot be asked for together with placeholders.
     trained.setdefault("placeholders", False)
