@@ -27,6 +27,10 @@ def test_a_model_trained_on_another_prompt_format_is_refused(tmp_path):
         trained_settings(tmp_path, TINY)
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(saved | {"format": FORMAT_VERSION}))
     assert trained_settings(tmp_path, TINY) == TINY
+    # A model trained on an endpoint's traces is used as one (no reward/done rule), its endpoint along.
+    openai = {"annotator": "openai", "annotator_url": "http://h:8000/v1", "annotator_model": "m"}
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(saved | {"format": FORMAT_VERSION} | openai))
+    assert trained_settings(tmp_path, TINY) == dataclasses.replace(TINY, **openai)
 
 
 def test_set_and_field_f1():

@@ -101,7 +101,9 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
     trained.setdefault("copy_examples", False)  # and wrote every change out
     trained.setdefault("annotator", "state-diff")  # the only one there was
-    return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE},
+    # The annotator's endpoint comes along with it: the config refuses an openai annotator without one.
+    annotator = {key: trained.get(key, "") for key in ("annotator_url", "annotator_model")}
+    return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE}, **annotator,
                                renamed_copies=0 if trained["placeholders"] else current.renamed_copies)
 
 
