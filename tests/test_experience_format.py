@@ -430,6 +430,8 @@ def test_the_prompt_quotes_what_the_task_says_of_the_object_acted_on(rows):
     assert task_says("Slice the red pepper. Eat.", pepper, "take red pepper from table") \
         == "of red pepper: Slice the red pepper"
     assert task_says("Look around.", STATE, "look") is None
+    assert task_says("Slice the red\n  pepper. Eat.", pepper, "take red pepper from table") \
+        == "of red pepper: Slice the red pepper"  # one line, as a worked example shows it
 
 
 def test_a_trace_states_the_reward_and_end_it_was_written_for(rows):

@@ -386,7 +386,9 @@ def task_says(instruction: str, state: AbstractState, action: str) -> str | None
     name = acted_object(state, action)
     if name is None:
         return None
-    clauses = [clause.rstrip(".!?;") for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
+    # One line whatever the task's layout: a worked example shows it on its `task says:` line.
+    clauses = [" ".join(clause.split()).rstrip(".!?;")
+               for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
     mentions = [clause for clause in clauses if whole_word(name).search(clause)]
     if not mentions:
         return f"nothing of {name}"
