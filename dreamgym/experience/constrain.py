@@ -88,8 +88,10 @@ def stated_tail(generated: str) -> tuple[str, str] | None:
     """(what follows the next state so far, what it must be) once the next state is closed and
     the reasoning stated the outcome (`annotate.stated_outcome`); None anywhere else."""
     closed = generated.find(_CLOSE)
-    reasoning = _REASONING.search(generated)
-    if closed < 0 or reasoning is None or (outcome := stated_outcome(reasoning[1])) is None:
+    if closed < 0:  # most steps: the reasoning is read only once the next state is closed
+        return None
+    reasoning = _REASONING.search(generated, 0, closed)
+    if reasoning is None or (outcome := stated_outcome(reasoning[1])) is None:
         return None
     reward, done = outcome
     tail = f"\n<reward>{format_number(reward)}</reward>\n<done>{'true' if done else 'false'}</done>"
