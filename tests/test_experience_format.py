@@ -354,10 +354,11 @@ def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled,
     for row, query, hits, pool in zip(rows, queries, reranked, pools):
         assert len(hits) == 3 and all(hit["trajectory_id"] != row["trajectory_id"] for hit in hits)
         # A step seen in another episode (or the same situation elsewhere) comes first.
-        own = situation(query["state"], row["action"], kept)
-        same = [t for t in pool if closeness(own, stored_situation(t["state"], t["action"], kept),
-                                             stored_change(t["state"], t["next_state"], t["action"], kept))
-                == (True, True, True, 1.0)]
+        own = situation(query["state"], row["action"], kept, row["instruction"])
+        same = [t for t in pool
+                if closeness(own, stored_situation(t["state"], t["action"], kept, t["instruction"]),
+                             stored_change(t["state"], t["next_state"], t["action"], kept))
+                == (True, True, True, True, 1.0)]
         if same:
             firsts += 1
             assert answer(hits[0]) in {answer(t) for t in same}

@@ -3,7 +3,7 @@ on a real buffer is tested with the other retrieval tests in test_experience_for
 
 from __future__ import annotations
 
-from dreamgym.experience.rerank import Situation, closeness, closest, situation
+from dreamgym.experience.rerank import Situation, closeness, closest, situation, task_relation
 from dreamgym.state import AbstractState, item_name
 
 KEPT = frozenset({"counter", "fridge", "knife", "table"})
@@ -23,13 +23,13 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
     # Without placeholders only the kept names and the room are shared.
     raw = situation(kitchen("tomato"), "take tomato from counter", None)
     other = situation(kitchen("carrot"), "take carrot from counter", None)
-    assert raw.action != other.action and closeness(raw, other)[3] < 1
+    assert raw.action != other.action and closeness(raw, other)[4] < 1
     assert tomato.acted == {"visible: obj1 (on counter)", "visible: counter"}
     # The open fridge is a different situation: the same move on the same items, 4 of 8 items in
     # common (room, counter, food, its take; not the fridge nor its open/close). No change given:
     # none is known to fit.
     opened = situation(kitchen("carrot", fridge="open"), "take carrot from counter", KEPT)
-    assert closeness(tomato, opened) == (True, False, True, 4 / 8)
+    assert closeness(tomato, opened) == (True, False, True, True, 4 / 8)
 
 
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
@@ -44,7 +44,7 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     assert closest(query, candidates, 2) == [2, 3]
     assert closest(query, [], 3) == []
     empty = Situation("look", frozenset())
-    assert closeness(empty, empty) == (True, False, True, 1.0)
+    assert closeness(empty, empty) == (True, False, True, True, 1.0)
 
 
 def carrying(food: str, *more: str) -> AbstractState:
@@ -60,7 +60,7 @@ def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items
     roasted = situation(carrying("tomato (roasted)"), "chop tomato with knife", KEPT)
     changes = ["inventory: -obj1 (fried); +obj1 (chopped, fried)",
                "inventory: -obj1 (roasted); +obj1 (chopped, roasted)"]
-    assert closeness(query, fried)[3] > closeness(query, roasted)[3]
+    assert closeness(query, fried)[4] > closeness(query, roasted)[4]
     assert closeness(query, fried, changes[0])[:2] == (True, False)
     assert closeness(query, roasted, changes[1])[:2] == (True, True)
     assert closest(query, [fried, roasted], 2, changes) == [1, 0]
@@ -70,3 +70,24 @@ def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items
     assert closest(query, [fried, roasted], 2) == [1, 0]
     # An object is named as a whole: an action on food1 does not act on food10.
     assert situation(carrying("food1", "food10"), "eat food1", None).acted == {"inventory: food1"}
+
+
+def test_a_candidate_in_the_same_relation_to_its_task_comes_before_shared_items():
+    recipe = "Recipe: ingredients: carrot. directions: chop the carrot; fry the carrot; prepare meal."
+    held = carrying("carrot")
+    assert task_relation(recipe, held, "chop carrot with knife") == (True, frozenset({"chop"}))
+    assert task_relation(recipe, held, "slice carrot with knife") == (True, frozenset())
+    assert task_relation("Recipe: ingredients: egg.", held, "slice carrot with knife") == (False, frozenset())
+    assert task_relation(recipe, held, "look") is None
+    assert task_relation(None, held, "chop carrot with knife") is None
+    # The query slices what its recipe says to chop, which loses the game. Of two candidates
+    # slicing a tomato, the one whose recipe said to slice it (it scored) shares more items; the
+    # one whose recipe said to dice it (lost, like the query) comes first.
+    query = situation(carrying("carrot", "egg"), "slice carrot with knife", KEPT, recipe)
+    sliced = situation(carrying("tomato", "egg"), "slice tomato with knife", KEPT,
+                       "Recipe: ingredients: tomato. directions: slice the tomato.")
+    diced = situation(carrying("tomato"), "slice tomato with knife", KEPT,
+                      "Recipe: ingredients: tomato. directions: dice the tomato.")
+    assert closeness(query, sliced)[4] > closeness(query, diced)[4]
+    assert closeness(query, diced)[2] and not closeness(query, sliced)[2]
+    assert closest(query, [sliced, diced], 2) == [1, 0]

@@ -26,6 +26,12 @@ sides. Held-out queries (215) whose one example shows the exact answer: 61.4% by
 alone (pool 300), 65.6% with both checks first (pool 300), 69.3% (600, the default; also 1000).
 Training queries (300 drawn): 69.3% → 72.0% (1000). Per batch of 32 queries, retrieval and ranking
 took 0.31 s before, 0.46 s now (pool 300), 0.79 s (600), against ~13 s of generation.
+
+The reward and the end are decided by how the move stands to the task: taking an ingredient scores,
+taking anything else does not; slicing what the recipe says to chop loses the game. A candidate
+showing the same move on the same items can stand otherwise to its own task, and the model copied
+its +1 into a lost game. So, among candidates whose change fits, those in the same relation to
+their task (`task_relation`) come first.
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dreamgym.experience.format import LIST_FIELDS, fits, state_delta, whole_word
+from dreamgym.experience.format import (LIST_FIELDS, acted_object, fits, state_delta, task_says,
+                                        whole_word)
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state
 
 # Bumped whenever the ranking changes which examples are shown: built examples keyed on it are
 # then built again instead of reused.
-RANKING_VERSION = 2
+RANKING_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -52,11 +59,28 @@ class Situation:
     items: frozenset[str]
     acted: frozenset[str] = frozenset()  # the visible or carried items the action names
     state: AbstractState | None = None   # the state itself, which a candidate's change must fit
+    relation: tuple[bool, frozenset[str]] | None = None  # to the task (task_relation)
 
 
-def situation(state: AbstractState, action: str, kept: frozenset[str] | None) -> Situation:
-    """The situation of taking `action` in `state`; `kept`: the model's kept names (None: no
-    placeholders)."""
+def task_relation(instruction: str | None, state: AbstractState,
+                  action: str) -> tuple[bool, frozenset[str]] | None:
+    """How `action` stands to its task: whether the task names the item acted on, and which of
+    the action's other words the task's clauses on that item use (`slice` where the recipe says
+    to slice it). None for an action on no item, or no task known."""
+    says = task_says(instruction, state, action) if instruction else None
+    if says is None:
+        return None
+    if says.startswith("nothing of "):
+        return False, frozenset()
+    others = set(action.split()) - set(acted_object(state, action).split())
+    return True, frozenset(word for word in others if whole_word(word).search(says))
+
+
+def situation(state: AbstractState, action: str, kept: frozenset[str] | None,
+              instruction: str | None = None) -> Situation:
+    """The situation of taking `action` in `state` for the task `instruction` (None: unknown);
+    `kept`: the model's kept names (None: no placeholders)."""
+    relation = task_relation(instruction, state, action)
     if kept is not None:
         names = Placeholders.of(kept, action, [state])
         state, action = names.forward.abstract(state), names.forward.text(action)
@@ -65,13 +89,14 @@ def situation(state: AbstractState, action: str, kept: frozenset[str] | None) ->
         items.update(f"{name}: {item}" for item in getattr(state, name))
     acted = {f"{name}: {item}" for name in ("visible", "inventory") for item in getattr(state, name)
              if whole_word(item_name(item)).search(action)}
-    return Situation(action, frozenset(items), frozenset(acted), state)
+    return Situation(action, frozenset(items), frozenset(acted), state, relation)
 
 
 @lru_cache(maxsize=8192)  # ~5 kB each: a default buffer's real rows, within ~40 MB
-def stored_situation(state_text: str, action: str, kept: frozenset[str] | None) -> Situation:
+def stored_situation(state_text: str, action: str, kept: frozenset[str] | None,
+                     instruction: str | None = None) -> Situation:
     """The situation of a buffer row: the same few thousand rows come back for query after query."""
-    return situation(parse_state(state_text), action, kept)
+    return situation(parse_state(state_text), action, kept, instruction)
 
 
 @lru_cache(maxsize=8192)
@@ -85,16 +110,17 @@ def stored_change(state_text: str, next_state_text: str, action: str,
 
 
 def closeness(query: Situation, candidate: Situation,
-              change: str | None = None) -> tuple[bool, bool, bool, float]:
+              change: str | None = None) -> tuple[bool, bool, bool, bool, float]:
     """Larger is closer: the same action, then whether the candidate's `change` can be applied
-    to the query's state, then the same items named by the action, then the share of state items
-    in common."""
+    to the query's state, then the same relation to the task, then the same items named by the
+    action, then the share of state items in common."""
     same_action = query.action == candidate.action
     applies = (same_action and change is not None and query.state is not None
                and fits(query.state, change))
     union = len(query.items | candidate.items)
     shared = len(query.items & candidate.items) / union if union else 1.0
-    return same_action, applies, query.acted == candidate.acted, shared
+    return (same_action, applies, query.relation == candidate.relation,
+            query.acted == candidate.acted, shared)
 
 
 def closest(query: Situation, candidates: Sequence[Situation], k: int,
