@@ -11,8 +11,9 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(BIN)/dreamgym run
 
+# Two workers, a test file each at a time (its module fixtures made once): CI has two cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 install: $(STAMP)
 

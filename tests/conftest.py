@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+# `make test` runs two pytest-xdist workers, one per core of CI's two: each computes on one thread
+# (two threads each would fight over the cores). Set before torch is imported; the subprocesses
+# a test starts inherit it, so a run killed in a subprocess computes like the one it is compared to.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # Prefect reads its settings at import: no telemetry (no network here), patience on a slow start.

@@ -16,20 +16,15 @@ import pytest
 import torch
 
 import dreamgym.experience.generate as generate_module
+from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
 from dreamgym.config import ExperienceConfig, PipelineConfig
-from dreamgym.data.schema import read_transitions
-from dreamgym.experience.examples import build_examples, history_of
+from dreamgym.experience.examples import history_of
 from dreamgym.experience.generate import (STOP, ExperienceBackendError, ExperienceModel, Query,
                                           RemoteExperienceModel, open_experience_model, sample_seed)
 from dreamgym.experience.model import load_experience_model
-from dreamgym.experience.train import train_sft
 from dreamgym.state import parse_state
 
-# As in test_experience_generate: a tiny from-scratch model that learns a few steps by heart.
-TINY = ExperienceConfig(history=1, neighbours=0, reasoning=False, placeholders=False, renamed_copies=0, vocab_size=512,
-                        hidden_size=128, layers=2, heads=4, max_length=768, epochs=200, batch_size=4,
-                        learning_rate=3e-3, save_steps=10_000, max_new_tokens=160, retries=1)
-STEPS = 4  # transitions learnt and asked: enough to compare, few enough to train in seconds
+STEPS = 4  # transitions asked: enough to compare
 
 Answer = Callable[[dict, int], tuple[int, dict]]  # (request body, request number) -> (status, reply)
 
@@ -120,18 +115,13 @@ def serve_model(model, tokenizer) -> Answer:
 
 
 @pytest.fixture(scope="module")
-def episode_rows(offline_dataset) -> list[dict]:
-    rows = read_transitions(offline_dataset).to_pylist()
-    keep = sorted({row["trajectory_id"] for row in rows})[:1]
-    return sorted((row for row in rows if row["trajectory_id"] in keep), key=lambda row: row["step"])[:STEPS]
+def episode_rows(first_episode) -> list[dict]:
+    return first_episode[:STEPS]
 
 
 @pytest.fixture(scope="module")
-def model_dir(episode_rows, tmp_path_factory):
-    examples = build_examples(None, None, episode_rows, TINY, ef_search=40)
-    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY,
-                       tmp_path_factory.mktemp("experience"), seed=0, progress=False)
-    return result.model_dir
+def model_dir(tiny_experience):
+    return tiny_experience.model_dir
 
 
 @pytest.fixture
