@@ -110,19 +110,19 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     # Without a filter pgvector returns at most ef_search rows; with one it scans on (retrieval.py).
     found = search(database, vectors, fetched, filters=filters, ef_search=max(ef_search, fetched))
     candidates = [_distinct([hit.transition for hit in hits]) for hits in found]
-    # Each with its task's words (format.task_says), which the ranking reads too. The candidates
-    # of a batch come from a few hundred tasks: one small query.
+    # The tasks' words (format.task_says), which the ranking reads too. The candidates of a batch
+    # come from a few hundred tasks: one small query.
     tasks = task_instructions(database, {t["task_id"] for ts in candidates for t in ts})
-    candidates = [[t | {"instruction": tasks.get(t["task_id"])} for t in ts] for ts in candidates]
-    if not pool:
-        return [transitions[:k] for transitions in candidates]
-    return [_closest(query, transitions, k, kept) for query, transitions in zip(queries, candidates)]
+    chosen = ([transitions[:k] for transitions in candidates] if not pool else
+              [_closest(query, transitions, k, kept, tasks) for query, transitions in zip(queries, candidates)])
+    return [[row | {"instruction": tasks.get(row["task_id"])} for row in rows] for rows in chosen]
 
 
-def _closest(query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None) -> list[dict]:
+def _closest(query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None,
+             tasks: dict[str, str]) -> list[dict]:
     state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
     chosen = closest(situation(state, query["action"], kept, query["instruction"]),
-                     [stored_situation(t["state"], t["action"], kept, t["instruction"])
+                     [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"]))
                       for t in transitions], k,
                      [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions])
     return [transitions[index] for index in chosen]

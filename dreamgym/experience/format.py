@@ -386,13 +386,18 @@ def task_says(instruction: str, state: AbstractState, action: str) -> str | None
     name = acted_object(state, action)
     if name is None:
         return None
-    # One line whatever the task's layout: a worked example shows it on its `task says:` line.
-    clauses = [" ".join(clause.split()).rstrip(".!?;")
-               for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
-    mentions = [clause for clause in clauses if whole_word(name).search(clause)]
+    mentions = task_mentions(instruction, name)
     if not mentions:
         return f"nothing of {name}"
     return f"of {name}: {'; '.join(mentions)}"
+
+
+def task_mentions(instruction: str, name: str) -> list[str]:
+    """The task's clauses that name `name`, each on one line whatever the task's layout (a worked
+    example shows them on its `task says:` line)."""
+    clauses = [" ".join(clause.split()).rstrip(".!?;")
+               for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
+    return [clause for clause in clauses if whole_word(name).search(clause)]
 
 
 def whole_word(name: str) -> re.Pattern:

@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dreamgym.experience.format import (LIST_FIELDS, acted_object, fits, state_delta, task_says,
-                                        whole_word)
+from dreamgym.experience.format import (LIST_FIELDS, acted_object, fits, state_delta,
+                                        task_mentions, whole_word)
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state
 
@@ -67,13 +67,12 @@ def task_relation(instruction: str | None, state: AbstractState,
     """How `action` stands to its task: whether the task names the item acted on, and which of
     the action's other words the task's clauses on that item use (`slice` where the recipe says
     to slice it). None for an action on no item, or no task known."""
-    says = task_says(instruction, state, action) if instruction else None
-    if says is None:
+    name = acted_object(state, action) if instruction else None
+    if name is None:
         return None
-    if says.startswith("nothing of "):
-        return False, frozenset()
-    others = set(action.split()) - set(acted_object(state, action).split())
-    return True, frozenset(word for word in others if whole_word(word).search(says))
+    said = "; ".join(task_mentions(instruction, name))
+    others = set(action.split()) - set(name.split())
+    return bool(said), frozenset(word for word in others if whole_word(word).search(said))
 
 
 def situation(state: AbstractState, action: str, kept: frozenset[str] | None,
