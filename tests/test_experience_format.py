@@ -62,19 +62,40 @@ def states(row: dict) -> tuple[AbstractState, AbstractState]:
 
 # --- delta and completion round trip -----------------------------------------------------------
 
-def test_state_delta_writes_the_shorter_form_and_reads_back():
+def test_state_delta_writes_an_edit_that_reads_back():
     assert state_delta(STATE, STATE) == "no change"
     assert apply_delta(STATE, "no change") == STATE
     assert state_delta(STATE, OPENED) == (
-        "visible: -fridge (closed); +fridge (open); +milk (in fridge)\n"
+        "visible: -fridge; +fridge (open); +milk (in fridge)\n"  # a removal names the item
         "actions: -open fridge; +close fridge; +take milk from fridge")
-    # A tie between the diff and the replacement ("visible: +ab" / "visible = ab") goes to the diff.
-    assert state_delta(AbstractState("hall"), AbstractState("hall", ("ab",))) == "visible: +ab"
+    assert apply_delta(STATE, state_delta(STATE, OPENED)) == OPENED
+    # In the same place a list is edited, even where replacing it would be shorter ...
     carrying = AbstractState("hall", (), ("a long thing", "another long thing"), ())
-    assert state_delta(carrying, AbstractState("hall")) == "inventory ="
+    assert state_delta(carrying, AbstractState("hall")) == "inventory: -a long thing; -another long thing"
     assert apply_delta(carrying, "inventory =") == AbstractState("hall")
+    # ... and on a move it takes the shorter form; a tie ("visible: +ab" / "visible = ab") goes to the diff.
+    assert state_delta(carrying, AbstractState("yard")) == "location: yard\ninventory ="
+    assert state_delta(AbstractState("hall"), AbstractState("yard", ("ab",))) == "location: yard\nvisible: +ab"
     moved = AbstractState("garden", STATE.visible, (), STATE.actions)
     assert state_delta(STATE, moved) == "location: garden"
+
+
+def test_a_removal_by_name_carries_over_to_an_item_in_another_condition():
+    """The edit a worked example shows means the same in a state where the item was cut, cooked
+    or placed otherwise: what the removal names is the item, not its descriptors."""
+    took = AbstractState("kitchen", ("fridge (closed)", "table"), ("knife",),
+                         ("drop knife", "open fridge", "put knife on table"))
+    change = state_delta(STATE, took)
+    assert change == ("visible: -knife\ninventory: +knife\n"
+                      "actions: -take knife from table; +drop knife; +put knife on table")
+    elsewhere = AbstractState("kitchen", ("fridge (closed)", "knife (on counter)", "table"), (),
+                              ("open fridge", "take knife from table"))
+    assert apply_delta(elsewhere, change) == took
+    # Two items of one name: the writer names the one it removes in full; a bare name is ambiguous.
+    twins = AbstractState("hall", ("coin (gold)", "coin (silver)"))
+    assert state_delta(twins, AbstractState("hall", ("coin (silver)",))) == "visible: -coin (gold)"
+    with pytest.raises(FormatError, match="2 items have that name; write the item in full"):
+        apply_delta(twins, "visible: -coin")
 
 
 @pytest.mark.parametrize("with_reasoning", [True, False], ids=["reasoning", "no-reasoning"])
@@ -171,6 +192,8 @@ def test_history_is_the_previous_steps_of_the_same_trajectory(rows):
     ("score: +1", "unknown field 'score'"),
     ("visible: -table\nvisible: +chair", "'visible' is repeated"),
     ("visible: -milk (in fridge)", "cannot remove 'milk \\(in fridge\\)' from visible: it is not there"),
+    ("visible: -milk", "cannot remove 'milk' from visible: it is not there"),
+    ("visible: -knife (on counter)", "cannot remove 'knife \\(on counter\\)' from visible"),
     ("visible: +table", "cannot add 'table' to visible: it is already there"),
     ("location = hall", "location is written 'location: <new location>'"),
     ("visible +chair", "malformed delta line"),
@@ -192,6 +215,7 @@ def test_apply_delta_names_what_is_wrong(delta, problem):
     ("visible: +chair; -table", "visible: -table; +chair"),
     ("visible: +zebra; +apple", "visible: +apple; +zebra"),
     ("visible = table; fridge (closed)", "visible: -knife (on table)"),
+    ("visible: -knife", "visible: -knife (on table)"),
     ("visible = fridge (closed); knife (on table); table", "no change"),
 ])
 def test_apply_delta_reads_lists_as_sets_whatever_their_order(delta, meaning):
@@ -222,7 +246,7 @@ def _without_reasoning(text: str) -> str:
      "unexpected text between </next_state> and <reward>"),
     ("Sure!\n" + GOOD, True, "unexpected text before <reasoning>"),
     (GOOD.replace("The fridge is now open.", " "), True, "empty <reasoning> section"),
-    (GOOD.replace("-fridge (closed)", "-fridge"), True, "cannot remove 'fridge' from visible"),
+    (GOOD.replace("-fridge;", "-fridges;"), True, "cannot remove 'fridges' from visible"),
 ])
 def test_parse_completion_names_what_is_wrong(text, reasoning, problem):
     with pytest.raises(FormatError, match=problem):
@@ -249,10 +273,13 @@ def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
     assert "action: open fridge\ntask says: of fridge: Open the fridge\nchanges:\n" in prompt
     changes = example_changes(prompt)
     assert changes == [example.delta for example in worked]  # read back from the prompt itself
-    assert referenced_delta(state_delta(STATE, OPENED), changes) == "same as example 2"
-    assert referenced_delta("no change", [*changes, "no change"]) == "no change"  # shorter as it is
+    assert referenced_delta(STATE, OPENED, changes) == "same as example 2"
+    assert referenced_delta(STATE, STATE, [*changes, "no change"]) == "no change"  # shorter as it is
     other = AbstractState("kitchen", STATE.visible, ("milk",), STATE.actions)
-    assert referenced_delta(state_delta(STATE, other), changes) == state_delta(STATE, other)
+    assert referenced_delta(STATE, other, changes) == state_delta(STATE, other)
+    # What a change does here counts, not its text: a removal written in full is the same step.
+    in_full = changes[1].replace("-fridge;", "-fridge (closed);")
+    assert referenced_delta(STATE, OPENED, [changes[0], in_full]) == "same as example 2"
 
     pointing = format_completion("The fridge is now open.", "same as example 2", 0, False)
     assert parse_completion(pointing, STATE, True, changes).next_state == OPENED
@@ -263,8 +290,9 @@ def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
     with pytest.raises(FormatError, match="it shows no worked examples"):
         parse_completion(pointing, STATE, True)
     # An example's change that does not fit the state is refused, saying which example it was.
-    with pytest.raises(FormatError, match="'same as example 2' does not fit this state: cannot "
-                                          "remove 'fridge .closed.'"):
+    # (Here the fridge it names is the open one, which the change both removes and adds.)
+    with pytest.raises(FormatError, match="'same as example 2' does not fit this state: visible: "
+                                          "'fridge .open.' is both removed and added"):
         parse_completion(pointing, OPENED, True, changes)
 
 

@@ -5,7 +5,8 @@ The commonest way a completion fails to parse is a removal of an item the state 
 item of another game. While the model writes a removal (`-...` in a `visible:`, `inventory:` or
 `actions:` line of the next state), this logits processor lets through only the tokens that keep
 the entry a prefix of an item of that field in the current state (not yet removed on the line),
-followed by the separator or the line's end.
+named as the format names removals (by its name, `format.removal_texts`), followed by the
+separator or the line's end.
 
 The next commonest failures repeat an item: an addition of what the field already holds or the
 line already added, or a replacement line (`visible = ...`) naming an item twice. While the model
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from dreamgym.experience.annotate import stated_outcome
-from dreamgym.experience.format import SAME_AS, fits, format_number
+from dreamgym.experience.format import SAME_AS, fits, format_number, removal_texts
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
@@ -103,7 +104,8 @@ def _removal(state: AbstractState, line: tuple[str, str, list[str]] | None) -> t
         return None
     field, _, entries = line
     removed = {entry[1:] for entry in entries[:-1] if entry.startswith("-")}
-    items = [item for item in getattr(state, field) if item not in removed]
+    # As the writer names them (format.removal_texts): by name, in full where a name repeats.
+    items = [text for text in removal_texts(getattr(state, field)).values() if text not in removed]
     endings = [f"{item}{ITEM_SEPARATOR}" for item in items] + [f"{item}\n" for item in items]
     return entries[-1][1:], endings
 

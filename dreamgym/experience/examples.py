@@ -221,9 +221,8 @@ def _example(rows: Sequence[dict], index: int, found: list[dict], config: Experi
     worked = [to_worked(t) for t in found]
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state,
                            row["action"], worked)
-    delta = state_delta(state, next_state)
-    if config.copy_examples:
-        delta = referenced_delta(delta, [example.delta for example in worked])
+    delta = (referenced_delta(state, next_state, [example.delta for example in worked])
+             if config.copy_examples else state_delta(state, next_state))
     return Example(prompt=prompt,
                    completion=format_completion(reasoning, delta, row["reward"], done),
                    trajectory_id=row["trajectory_id"], task_id=row["task_id"], step=row["step"],

@@ -20,9 +20,10 @@ cost ~0.4 s per batch of 32 queries against ~13 s of generation.
 With one worked example (k = 1) the model copies it whenever it can (`same as example 1`), so
 which candidate comes first matters most. Among candidates with the same action, two facts are
 checked before the share of items: whether the candidate's change can be applied to the query's
-state at all (a change that removes `obj1 (fried)` cannot be the answer where obj1 is roasted),
-and whether the items the action names (`obj1 (roasted)`, `knife (on table)`) are the same on both
-sides. Held-out queries (215) whose one example shows the exact answer: 61.4% by the share of items
+state at all (it removes only what is there and adds only what is not), and whether the items the
+action names (`obj1 (roasted)`, `knife (on table)`) are the same on both sides: a removal names
+the item alone (format.py), so `-obj1; +obj1 (chopped, fried)` applies to a roasted obj1 too, and it
+is this second check that puts a roasted example first. Held-out queries (215) whose one example shows the exact answer: 61.4% by the share of items
 alone (pool 300), 65.6% with both checks first (pool 300), 69.3% (600, the default; also 1000).
 Training queries (300 drawn): 69.3% → 72.0% (1000). Per batch of 32 queries, retrieval and ranking
 took 0.31 s before, 0.46 s now (pool 300), 0.79 s (600), against ~13 s of generation.
@@ -32,6 +33,10 @@ taking anything else does not; slicing what the recipe says to chop loses the ga
 showing the same move on the same items can stand otherwise to its own task, and the model copied
 its +1 into a lost game. So, among candidates whose change fits, those in the same relation to
 their task (`task_relation`) come first.
+
+Since changes are edits that mean the same in another state (removals by name, lists replaced only
+on a move: format.py), the first example's change, applied to the query's state, gives the real
+next state for 74.9% of held-out queries (71.6% before; some candidate of the pool: 80.0% → 81.9%).
 """
 
 from __future__ import annotations
