@@ -12,7 +12,8 @@ nor the action shows, so the synthetic environment applies its own budget, as th
 With `experience.placeholders`, game-specific objects are shown as placeholders (placeholders.py),
 in the example's own rows and, numbered on their own, in each worked example. With
 `experience.copy_examples`, a completion whose change is exactly a worked example's names that
-example (`same as example 1`, format.py) instead of writing the change out.
+example (`same as example 1`, format.py) instead of writing the change out. A model trained on
+state-diff traces is shown each worked example's trace too (`traces_examples`, format.py).
 """
 
 from __future__ import annotations
@@ -142,15 +143,23 @@ def _state_text(state: str | AbstractState) -> str:
     return state if isinstance(state, str) else format_state(state)
 
 
-def to_worked(transition: dict) -> Worked:
+def to_worked(transition: dict, traced: bool = False) -> Worked:
     """A retrieved transition (retrieval.RETURNED_COLUMNS, with its task's `instruction`) as a
-    worked example."""
+    worked example; `traced`: with its state-diff reasoning trace (`describe_change`)."""
     state, next_state = parse_state(transition["state"]), parse_state(transition["next_state"])
     said = (task_says(transition["instruction"], state, transition["action"])
             if transition.get("instruction") else None)
+    reasoning = (describe_change(state, transition["action"], next_state, transition["reward"],
+                                 transition["terminated"], transition.get("won"),
+                                 task=transition.get("instruction")) if traced else None)
     return Worked(location=state.location, action=transition["action"],
                   delta=state_delta(state, next_state), reward=transition["reward"],
-                  done=transition["terminated"], task_says=said)
+                  done=transition["terminated"], task_says=said, reasoning=reasoning)
+
+
+def traces_examples(config: ExperienceConfig) -> bool:
+    """Whether worked examples show their reasoning: a model trained on state-diff traces."""
+    return config.reasoning and config.annotator == "state-diff"
 
 
 def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
@@ -218,7 +227,7 @@ def _example(rows: Sequence[dict], index: int, found: list[dict], config: Experi
     done = row["terminated"]
     reasoning = (annotate(state, row["action"], next_state, row["reward"], done, row["won"],
                           task=row["instruction"]) if config.reasoning else None)
-    worked = [to_worked(t) for t in found]
+    worked = [to_worked(t, traces_examples(config)) for t in found]
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state,
                            row["action"], worked)
     delta = (referenced_delta(state, next_state, [example.delta for example in worked])

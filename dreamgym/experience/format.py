@@ -5,8 +5,15 @@ episode, the current state and the action, then what the task says of the object
 on (`task_says`). Whether a step scores depends on those words (an ingredient of the recipe, the
 cut it asks for), and a small model does not find them ~700 tokens back on its own: asked to
 quote them in its reasoning it quoted a recipe's usual words instead, in 79 of 215 held-out steps.
-So the prompt quotes them next to the action, and each worked example shows its own. The
-completion the model learns to write is:
+So the prompt quotes them next to the action, and each worked example shows its own.
+
+A worked example also shows its reasoning trace (with the state-diff annotator, whose traces are
+computed from the example's own states): the model copies its example far better than it writes on
+its own, and its trace, written first, is what decides the reward and the end (constrain.py). Left
+to write the trace itself, it wrote "obj1 goes into the inventory. The score rises by 1" for
+`eat obj1` under an example that lost the game. Held-out (215 transitions, same data, seed and
+budget), without → with the examples' traces: next-state exact 72.1% → 74.4%, reward 94.0% →
+96.7%, done 96.7% → 97.7%, parse failures 0.5% → 0%. The completion the model learns to write is:
 
     <reasoning>The fridge is now open; ... The score does not change.</reasoning>
     <next_state>
@@ -66,7 +73,7 @@ from dreamgym.state import (FIELDS, ITEM_SEPARATOR, AbstractState, StateParseErr
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
 # then built again instead of reused.
-FORMAT_VERSION = 4  # 4: removals by name, lists replaced only on a move; 3: task_says
+FORMAT_VERSION = 5  # 5: worked examples show their trace; 4: removals by name, lists replaced only on a move
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
 SAME_AS = "same as example {}"  # the delta of a worked example of the prompt, 1-based
@@ -77,7 +84,7 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
 _SAME_AS = re.compile(SAME_AS.format(r"(\d+)"))
 _EXAMPLE_CHANGES = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
-                              r"changes:\n(.*?)\n"
+                              r"(?:reasoning: [^\n]*\n)?changes:\n(.*?)\n"
                               r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
 
 
@@ -114,6 +121,7 @@ class Worked:
     reward: float
     done: bool
     task_says: str | None = None  # `task_says` of its own task
+    reasoning: str | None = None  # its trace, as the model writes one for its own step
 
 
 # --- numbers and flags -------------------------------------------------------------------------
@@ -463,5 +471,6 @@ def _block(tag: str, lines: Sequence[str]) -> str:
 def _worked_block(example: Worked) -> str:
     outcome = f"reward: {format_number(example.reward)} done: {_flag(example.done)}"
     said = [] if example.task_says is None else [f"task says: {example.task_says}"]
+    traced = [] if example.reasoning is None else [f"reasoning: {' '.join(example.reasoning.split())}"]
     return _block("example", [f"location: {example.location}", f"action: {example.action}", *said,
-                              "changes:", example.delta, outcome])
+                              *traced, "changes:", example.delta, outcome])

@@ -30,7 +30,7 @@ from transformers import LogitsProcessorList
 from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
-from dreamgym.experience.examples import neighbours, to_worked
+from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (FORMAT_VERSION, Completion, FormatError, Step,
                                         example_changes, format_prompt, parse_completion)
 from dreamgym.experience.placeholders import Placeholders
@@ -167,7 +167,7 @@ class ExperienceModel:
                 query = _renamed(query, names)
                 found = [Placeholders.own(self.kept_names, row) for row in found]
             prompt = format_prompt(query.instruction, query.history, query.state, query.action,
-                                   [to_worked(row) for row in found])
+                                   [to_worked(row, traces_examples(self.config)) for row in found])
             framed.append((prompt, query, names))
         return framed
 
