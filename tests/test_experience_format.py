@@ -21,9 +21,10 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, describe_change,
                                           make_annotator, stated_outcome)
 from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
-from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked
+from dreamgym.experience.examples import (build_examples, history_of, neighbours, to_worked,
+                                          traces_examples)
 from dreamgym.experience.format import (FormatError, Worked, acted_object, apply_delta,
-                                        example_changes, format_completion, format_prompt,
+                                        example_changes, fits, format_completion, format_prompt,
                                         parse_completion, referenced_delta, state_delta, task_says)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
@@ -298,6 +299,25 @@ def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
 
 # --- SFT examples with retrieval ---------------------------------------------------------------
 
+def test_a_worked_example_shows_its_trace_and_its_changes_still_read_back():
+    """With state-diff reasoning a worked example shows the trace the model would write for it,
+    computed from its own states and task; `same as example i` still reads its changes back."""
+    task = "Recipe: ingredients: milk. directions: prepare meal."
+    transition = {"state": format_state(STATE), "next_state": format_state(OPENED), "action": "open fridge",
+                  "reward": 0.0, "terminated": False, "won": False, "instruction": task}
+    worked = to_worked(transition, traced=True)
+    assert worked.reasoning == describe_change(STATE, "open fridge", OPENED, 0, False, False, task=task)
+    assert to_worked(transition).reasoning is None
+    prompt = format_prompt("Cook.", [], STATE, "open fridge", [worked])
+    assert (f"task says: nothing of fridge\nreasoning: {worked.reasoning}\nchanges:\n{worked.delta}\n"
+            "reward: 0 done: false\n</example>") in prompt
+    assert example_changes(prompt) == [worked.delta]
+    assert traces_examples(ExperienceConfig())
+    assert not traces_examples(ExperienceConfig(reasoning=False))
+    assert not traces_examples(ExperienceConfig(annotator="openai", annotator_url="http://x/v1",
+                                                annotator_model="m"))
+
+
 def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
     config = ExperienceConfig(placeholders=False, renamed_copies=1)  # h=3, k=3, reasoning on; renamed copies too
     examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
@@ -329,10 +349,12 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
         state, next_state = states(row)
         changes = example_changes(example.prompt)
         assert len(changes) == 2
-        answer = state_delta(state, next_state)
-        if answer != "no change" and answer in changes:
+        # An example is named when its change, applied here, gives the next state (its text may differ).
+        giving = [number for number, change in enumerate(changes, start=1)
+                  if fits(state, change) and apply_delta(state, change) == next_state]
+        if state != next_state and giving:
             pointing += 1
-            assert f"<next_state>\nsame as example {changes.index(answer) + 1}\n" in example.completion
+            assert f"<next_state>\nsame as example {giving[0]}\n" in example.completion
         else:
             assert example.completion == written.completion
         parsed = parse_completion(example.completion, state, True, changes)
