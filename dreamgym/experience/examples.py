@@ -13,7 +13,7 @@ With `experience.placeholders`, game-specific objects are shown as placeholders 
 in the example's own rows and, numbered on their own, in each worked example. With
 `experience.copy_examples`, a completion whose change is exactly a worked example's names that
 example (`same as example 1`, format.py) instead of writing the change out. A model trained on
-state-diff traces is shown each worked example's trace too (`traces_examples`, format.py).
+state-diff traces is shown each worked example's trace too (`traces_examples`; format.py says why).
 """
 
 from __future__ import annotations

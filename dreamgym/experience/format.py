@@ -32,8 +32,8 @@ has one line per changed field, in the state's field order:
     visible: -a; -b; +c (open)      removals then additions, each group sorted
     visible = a; b; c               the whole new list (`visible =` when it becomes empty)
 
-A delta is an edit that worked examples carry from one state to another (`same as example 1`, below),
-so it is written in the form that means the same in another state wherever it can:
+A delta is an edit that worked examples carry from one state to another (`same as example 1`,
+below), so it is written in the form that means the same in another state wherever it can:
 - a removal names the item without its descriptors (`-carrot`, not `-carrot (sliced, on table)`):
   taking a carrot removes it from the room whatever was done to it, and a removal written in full
   would fit only states where it was cut and placed just so. The full text is written when two
@@ -45,10 +45,11 @@ so it is written in the form that means the same in another state wherever it ca
 Held-out queries (215) whose first worked example's change, applied to their state, gives the real
 next state: 71.6% with full removals and the shorter form everywhere, 74.0% with name removals and
 the shorter form everywhere, 74.9% with both rules (300 training rows: 71.7%, 72.7%, 74.0%).
-`no change` is the delta of a step that changes nothing. With `experience.copy_examples`, `same as example 2` is the delta of a step
-that changes the state exactly as the prompt's second worked example changed its own (the
-example's `changes:`, which `example_changes` reads back from the prompt): the model points at a
-retrieved change instead of writing it out again token by token.
+`no change` is the delta of a step that changes nothing. With `experience.copy_examples`,
+`same as example 2` is the delta of a step whose next state is what the prompt's second worked
+example's change (its `changes:`, which `example_changes` reads back from the prompt) gives when
+applied to this state: the model points at a retrieved change instead of writing it out again
+token by token.
 
 `parse_completion` reads a completion back strictly: anything that is not a valid completion
 raises `FormatError` saying what is wrong, so that the synthetic environment can count and retry
