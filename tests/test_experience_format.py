@@ -24,7 +24,7 @@ from dreamgym.experience.augment import Renamer, invented_names, names_in, renam
 from dreamgym.experience.examples import (build_examples, history_of, neighbours, to_worked,
                                           traces_examples)
 from dreamgym.experience.format import (FormatError, Worked, acted_object, apply_delta,
-                                        example_changes, fits, format_completion, format_prompt,
+                                        applied, example_changes, format_completion, format_prompt,
                                         parse_completion, referenced_delta, state_delta, task_says)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
@@ -351,7 +351,7 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
         assert len(changes) == 2
         # An example is named when its change, applied here, gives the next state (its text may differ).
         giving = [number for number, change in enumerate(changes, start=1)
-                  if fits(state, change) and apply_delta(state, change) == next_state]
+                  if applied(state, change) == next_state]
         if state != next_state and giving:
             pointing += 1
             assert f"<next_state>\nsame as example {giving[0]}\n" in example.completion

@@ -154,7 +154,7 @@ def state_delta(state: AbstractState, next_state: AbstractState) -> str:
 
 def _list_change(name: str, before: tuple[str, ...], after: tuple[str, ...], moved: bool) -> str:
     """The diff; on a move, the shorter of the diff and the replacement line (the diff on a tie)."""
-    removed, added = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+    removed, added = set(before) - set(after), sorted(set(after) - set(before))
     written = removal_texts(before)
     diff = f"{name}: " + ITEM_SEPARATOR.join(sorted(f"-{written[item]}" for item in removed) +
                                              [f"+{item}" for item in added])
@@ -210,13 +210,17 @@ def apply_delta(state: AbstractState, delta: str) -> AbstractState:
         raise FormatError(f"the delta gives an invalid state: {error}") from None
 
 
+def applied(state: AbstractState, delta: str) -> AbstractState | None:
+    """The state `delta` leads to from `state`, or None where it cannot be applied."""
+    try:
+        return apply_delta(state, delta)
+    except FormatError:
+        return None
+
+
 def fits(state: AbstractState, delta: str) -> bool:
     """Whether `delta` can be applied to `state` (it removes only what is there, and so on)."""
-    try:
-        apply_delta(state, delta)
-    except FormatError:
-        return False
-    return True
+    return applied(state, delta) is not None
 
 
 def _delta_line(line: str) -> tuple[str, str, str]:
@@ -279,11 +283,8 @@ def referenced_delta(state: AbstractState, next_state: AbstractState, examples: 
     delta = state_delta(state, next_state)
     if delta != NO_CHANGE:
         for number, changes in enumerate(examples, start=1):
-            try:
-                if apply_delta(state, changes) == next_state:
-                    return SAME_AS.format(number)
-            except FormatError:
-                continue
+            if applied(state, changes) == next_state:
+                return SAME_AS.format(number)
     return delta
 
 

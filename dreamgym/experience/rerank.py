@@ -22,9 +22,10 @@ which candidate comes first matters most. Among candidates with the same action,
 checked before the share of items: whether the candidate's change can be applied to the query's
 state at all (it removes only what is there and adds only what is not), and whether the items the
 action names (`obj1 (roasted)`, `knife (on table)`) are the same on both sides: a removal names
-the item alone (format.py), so `-obj1; +obj1 (chopped, fried)` applies to a roasted obj1 too, and it
-is this second check that puts a roasted example first. Held-out queries (215) whose one example shows the exact answer: 61.4% by the share of items
-alone (pool 300), 65.6% with both checks first (pool 300), 69.3% (600, the default; also 1000).
+the item alone (format.py), so `-obj1; +obj1 (chopped, fried)` applies to a roasted obj1 too,
+and it is this second check that puts a roasted example first. Held-out queries (215) whose one
+example shows the exact answer: 61.4% by the share of items alone (pool 300), 65.6% with both
+checks first (pool 300), 69.3% (600, the default; also 1000).
 Training queries (300 drawn): 69.3% → 72.0% (1000). Per batch of 32 queries, retrieval and ranking
 took 0.31 s before, 0.46 s now (pool 300), 0.79 s (600), against ~13 s of generation.
 
