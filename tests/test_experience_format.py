@@ -24,8 +24,9 @@ from dreamgym.experience.augment import Renamer, invented_names, names_in, renam
 from dreamgym.experience.examples import (build_examples, history_of, neighbours, to_worked,
                                           traces_examples)
 from dreamgym.experience.format import (FormatError, Worked, acted_object, apply_delta,
-                                        applied, example_changes, format_completion, format_prompt,
-                                        parse_completion, referenced_delta, state_delta, task_says)
+                                        applied, example_changes, example_traces, format_completion,
+                                        format_prompt, parse_completion, referenced_delta, referenced_trace,
+                                        state_delta, task_says)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
@@ -297,6 +298,26 @@ def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
         parse_completion(pointing, OPENED, True, changes)
 
 
+def test_a_reasoning_can_name_the_worked_example_whose_trace_it_is():
+    opened = "Effects: fridge is now open. The score does not change."
+    worked = [Worked("kitchen", "open fridge", state_delta(STATE, OPENED), 0, False,
+                     reasoning="Effects: fridge is now open.\n  The score does not change.")]
+    prompt = format_prompt("Cook.", [], STATE, "open fridge", [*worked, replace(worked[0], reasoning=None)])
+    traces = example_traces(prompt)
+    assert traces == [opened, None]  # read back from the prompt, as shown: on one line
+    assert referenced_trace(opened, traces) == "same as example 1"
+    assert referenced_trace("The fridge opens.", traces) == "The fridge opens."  # written out
+
+    naming = format_completion("same as example 1", "same as example 1", 0, False)
+    parsed = parse_completion(naming, STATE, True, example_changes(prompt), traces)
+    assert parsed.reasoning == opened and parsed.next_state == OPENED
+    with pytest.raises(FormatError, match="'same as example 2' names example 2, which shows no reasoning"):
+        parse_completion(naming.replace("<reasoning>same as example 1", "<reasoning>same as example 2"),
+                         STATE, True, example_changes(prompt), traces)
+    with pytest.raises(FormatError, match="it shows no worked examples"):
+        parse_completion(naming, STATE, True)
+
+
 # --- SFT examples with retrieval ---------------------------------------------------------------
 
 def test_a_worked_example_shows_its_trace_and_its_changes_still_read_back():
@@ -343,12 +364,12 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
     examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
     plain = build_examples(filled, encoder, rows, replace(config, copy_examples=False),
                            ef_search=100, batch=64)
-    pointing = 0
+    pointing = tracing = 0
     for example, written, row in zip(examples, plain, rows, strict=True):
         assert example.prompt == written.prompt
         state, next_state = states(row)
-        changes = example_changes(example.prompt)
-        assert len(changes) == 2
+        changes, traces = example_changes(example.prompt), example_traces(example.prompt)
+        assert len(changes) == len(traces) == 2
         # An example is named when its change, applied here, gives the next state (its text may differ).
         giving = [number for number, change in enumerate(changes, start=1)
                   if applied(state, change) == next_state]
@@ -356,10 +377,19 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
             pointing += 1
             assert f"<next_state>\nsame as example {giving[0]}\n" in example.completion
         else:
+            assert "<next_state>\nsame as" not in example.completion
+        # The reasoning names the first example whose trace it is.
+        trace = parse_completion(written.completion, state, True).reasoning
+        if trace in traces:
+            tracing += 1
+            assert f"<reasoning>same as example {traces.index(trace) + 1}</reasoning>" in example.completion
+        elif not (state != next_state and giving):
             assert example.completion == written.completion
-        parsed = parse_completion(example.completion, state, True, changes)
+        parsed = parse_completion(example.completion, state, True, changes, traces)
         assert parsed.next_state == next_state and parsed.reward == row["reward"]
+        assert parsed.reasoning == trace
     assert pointing > len(rows) / 4, pointing  # repeated steps across episodes show their answer
+    assert tracing > pointing, (tracing, pointing)  # a trace carries further than a change
 
 
 def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows):

@@ -219,7 +219,7 @@ def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experien
     pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
     tail = "\n<reward>1</reward>\n<done>false</done>"  # what the model "wants" to write
 
-    def decoded(reasoning: str, stated: bool = True) -> str:
+    def decoded(reasoning: str, stated: bool = True, traces: tuple[str, ...] = ()) -> str:
         """Greedy decoding after the next state of a model that wants to write `tail`."""
         text = f"<reasoning>{reasoning}</reasoning>\n<next_state>\ninventory: -carrot\n</next_state>"
         prefix = len(text)
@@ -231,7 +231,7 @@ def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experien
                 if piece and tail.startswith(written + piece):
                     scores[0, token] += 10 + len(piece)
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-            constrained = DeltaConstraint(tokenizer, [state], 0, None, stated)(ids, scores)
+            constrained = DeltaConstraint(tokenizer, [state], 0, None, stated, [traces])(ids, scores)
             text += tokenizer.decode([int(constrained.argmax())])
         return text[prefix:]
 
@@ -243,3 +243,6 @@ def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experien
     assert decoded(scored) == tail  # the tags it wanted agree with its reasoning
     # A reasoning in other words states nothing: the model writes its tags.
     assert decoded("The carrot is eaten; it was not in the recipe.") == tail
+    # A reasoning that names a worked example states what that example's trace states.
+    assert decoded("same as example 1", traces=(lost,)) == "\n<reward>0</reward>\n<done>true</done>"
+    assert decoded("same as example 2", traces=(lost,)) == tail  # no such example: the parser says so

@@ -21,7 +21,8 @@ the current state may be named; when none applies, the model must write the chan
 The model writes its reasoning first, and a long next state in between sometimes makes it forget
 what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
 the reasoning states the score and the end in the default annotator's words
-(`annotate.stated_outcome`), the reward and done after the next state are held to what it said.
+(`annotate.stated_outcome`), itself or by naming a worked example whose trace does, the reward and
+done after the next state are held to what it said.
 Everything else the model writes freely; the strict parser still reads the result.
 """
 
@@ -33,7 +34,8 @@ from collections.abc import Sequence
 import torch
 
 from dreamgym.experience.annotate import stated_outcome
-from dreamgym.experience.format import SAME_AS, fits, format_number, removal_texts
+from dreamgym.experience.format import (SAME_AS, FormatError, fits, format_number, removal_texts,
+                                        resolve_reference)
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
@@ -85,14 +87,21 @@ def _heads_for_reference(text: str) -> bool:
     return bool(text) and (_REFERENCE.startswith(text) or text.startswith(_REFERENCE))
 
 
-def stated_tail(generated: str) -> tuple[str, str] | None:
+def stated_tail(generated: str, traces: Sequence[str | None] = ()) -> tuple[str, str] | None:
     """(what follows the next state so far, what it must be) once the next state is closed and
-    the reasoning stated the outcome (`annotate.stated_outcome`); None anywhere else."""
+    the reasoning stated the outcome (`annotate.stated_outcome`), itself or by naming a worked
+    example whose trace (`traces`: `format.example_traces`) does; None anywhere else."""
     closed = generated.find(_CLOSE)
     if closed < 0:  # most steps: the reasoning is read only once the next state is closed
         return None
     reasoning = _REASONING.search(generated, 0, closed)
-    if reasoning is None or (outcome := stated_outcome(reasoning[1])) is None:
+    if reasoning is None:
+        return None
+    try:
+        trace = resolve_reference(reasoning[1].strip(), traces, "reasoning")
+    except FormatError:  # it names an example the prompt lacks: the parser will say so
+        return None
+    if (outcome := stated_outcome(trace)) is None:
         return None
     reward, done = outcome
     tail = f"\n<reward>{format_number(reward)}</reward>\n<done>{'true' if done else 'false'}</done>"
@@ -126,12 +135,15 @@ class DeltaConstraint:
     """A `LogitsProcessor` for a batch of prompts whose current states are `states` and whose
     worked examples changed their states by `examples` (`format.example_changes`, per prompt).
     `stated`: the reward and done follow the reasoning (a model trained on `describe_change`
-    traces)."""
+    traces), or the trace of the example it names (`traces`: `format.example_traces`, per
+    prompt)."""
 
     def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int,
-                 examples: Sequence[Sequence[str]] | None = None, stated: bool = False):
+                 examples: Sequence[Sequence[str]] | None = None, stated: bool = False,
+                 traces: Sequence[Sequence[str | None]] | None = None):
         self.states, self.prompt_length, self.stated = list(states), prompt_length, stated
         examples = examples if examples is not None else [()] * len(self.states)
+        self.traces = traces if traces is not None else [()] * len(self.states)
         # A reference's line ends with the newline before `</next_state>`.
         self.references = [[f"{reference}\n" for reference in fitting_references(state, changes)]
                            for state, changes in zip(self.states, examples)]
@@ -184,7 +196,7 @@ class DeltaConstraint:
     def _constrain_tail(self, row: int, scores: torch.FloatTensor) -> None:
         """Keep what follows the next state on the way to the reward and done the reasoning
         stated."""
-        found = stated_tail(self.generated[row])
+        found = stated_tail(self.generated[row], self.traces[row])
         if found is None:
             return
         written, tail = found

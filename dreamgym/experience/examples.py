@@ -13,7 +13,8 @@ With `experience.placeholders`, game-specific objects are shown as placeholders 
 in the example's own rows and, numbered on their own, in each worked example. With
 `experience.copy_examples`, a completion whose change is exactly a worked example's names that
 example (`same as example 1`, format.py) instead of writing the change out. A model trained on
-state-diff traces is shown each worked example's trace too (`traces_examples`; format.py says why).
+state-diff traces is shown each worked example's trace too (`traces_examples`; format.py says why),
+and with `copy_examples` a reasoning that is exactly an example's trace names that example too.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
                                          object_names, renamable_names)
 from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
-                                        referenced_delta, state_delta, task_says)
+                                        referenced_delta, referenced_trace, state_delta, task_says)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, parse_state
@@ -232,6 +233,8 @@ def _example(rows: Sequence[dict], index: int, found: list[dict], config: Experi
                            row["action"], worked)
     delta = (referenced_delta(state, next_state, [example.delta for example in worked])
              if config.copy_examples else state_delta(state, next_state))
+    if config.copy_examples and reasoning is not None:
+        reasoning = referenced_trace(reasoning, [example.reasoning for example in worked])
     return Example(prompt=prompt,
                    completion=format_completion(reasoning, delta, row["reward"], done),
                    trajectory_id=row["trajectory_id"], task_id=row["task_id"], step=row["step"],

@@ -51,6 +51,16 @@ example's change (its `changes:`, which `example_changes` reads back from the pr
 applied to this state: the model points at a retrieved change instead of writing it out again
 token by token.
 
+A reasoning that is exactly a worked example's trace names it the same way
+(`<reasoning>same as example 1</reasoning>`, read back through `example_traces`), and then states
+that example's reward and end. Written out token by token, the model's trace left its example's at
+the sentence on the score: "The score does not change." for `eat meal` under an example that won
+the game, though it pointed at that example's change. 95% of training traces are their first
+example's (70% of changes). Held-out (215 transitions, same data, seed and budget), written out
+→ named: next-state exact 74.4% → 74.9%, reward 96.7% → 98.1%, done 97.7% → 99.1%, parse
+failures 0% → 0%; on held-out games 21–40 (269): 64.3% → 65.8%, 92.2% → 94.8%, 95.5% → 96.7%,
+0.4% → 0%.
+
 `parse_completion` reads a completion back strictly: anything that is not a valid completion
 raises `FormatError` saying what is wrong, so that the synthetic environment can count and retry
 it instead of guessing. Order is presentation, not meaning: the parser reads
@@ -74,19 +84,19 @@ from dreamgym.state import (FIELDS, ITEM_SEPARATOR, AbstractState, StateParseErr
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
 # then built again instead of reused.
-FORMAT_VERSION = 5  # 5: worked examples show their trace; 4: removals by name, lists replaced only on a move
+FORMAT_VERSION = 6  # 6: a trace may name an example; 5: worked examples show their trace; 4: removals by name, lists replaced only on a move
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
-SAME_AS = "same as example {}"  # the delta of a worked example of the prompt, 1-based
+SAME_AS = "same as example {}"  # the delta or trace of a worked example of the prompt, 1-based
 SECTIONS = ("reasoning", "next_state", "reward", "done")
 
 _TAG = re.compile(r"<(/?)(reasoning|next_state|reward|done)>")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
 _SAME_AS = re.compile(SAME_AS.format(r"(\d+)"))
-_EXAMPLE_CHANGES = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
-                              r"(?:reasoning: [^\n]*\n)?changes:\n(.*?)\n"
-                              r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
+_EXAMPLE = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
+                      r"(?:reasoning: ([^\n]*)\n)?changes:\n(.*?)\n"
+                      r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
 
 
 class FormatError(DreamgymError):
@@ -288,16 +298,28 @@ def referenced_delta(state: AbstractState, next_state: AbstractState, examples: 
     return delta
 
 
-def resolve_reference(delta: str, examples: Sequence[str]) -> str:
-    """The delta that `delta` stands for: itself, or the changes of the worked example it names."""
-    match = _SAME_AS.fullmatch(delta)
+def referenced_trace(trace: str, traces: Sequence[str | None]) -> str:
+    """`trace`, or `same as example i` when it reads as the trace the i-th worked example shows
+    (the first such; None: an example without one)."""
+    for number, shown in enumerate(traces, start=1):
+        if shown is not None and one_line(shown) == one_line(trace):
+            return SAME_AS.format(number)
+    return trace
+
+
+def resolve_reference(text: str, shown: Sequence[str | None], what: str = "changes") -> str:
+    """What `text` (a delta or a trace) stands for: itself, or the `what` of the worked example it
+    names (`shown`: each example's, None for an example that shows none)."""
+    match = _SAME_AS.fullmatch(text)
     if match is None:
-        return delta
+        return text
     number = int(match[1])
-    if not 1 <= number <= len(examples):
-        shown = f"examples 1 to {len(examples)}" if examples else "no worked examples"
-        raise FormatError(f"'{delta}' names an example the prompt does not have (it shows {shown})")
-    return examples[number - 1]
+    if not 1 <= number <= len(shown):
+        has = f"examples 1 to {len(shown)}" if shown else "no worked examples"
+        raise FormatError(f"'{text}' names an example the prompt does not have (it shows {has})")
+    if shown[number - 1] is None:
+        raise FormatError(f"'{text}' names example {number}, which shows no {what}")
+    return shown[number - 1]
 
 
 # --- completion --------------------------------------------------------------------------------
@@ -323,15 +345,18 @@ def _checked_reasoning(reasoning: str) -> str:
 
 
 def parse_completion(text: str, state: AbstractState, reasoning: bool,
-                     examples: Sequence[str] = ()) -> Completion:
+                     examples: Sequence[str] = (), traces: Sequence[str | None] = ()) -> Completion:
     """Read a completion for a step from `state`; `FormatError` says what is wrong with it.
     `examples`: the changes of the prompt's worked examples (`example_changes`), which the next
-    state may name (`same as example i`)."""
+    state may name (`same as example i`); `traces`: their traces (`example_traces`), which the
+    reasoning may name."""
     expected = SECTIONS if reasoning else SECTIONS[1:]
     contents = _sections(text.strip(), expected)
     trace = contents["reasoning"].strip() if reasoning else None
     if trace == "":
         raise FormatError("empty <reasoning> section")
+    if trace is not None:
+        trace = resolve_reference(trace, traces, "reasoning")
     delta = contents["next_state"].strip()
     changes = resolve_reference(delta, examples)
     try:
@@ -462,8 +487,19 @@ def whole_word(name: str) -> re.Pattern:
 
 def example_changes(prompt: str) -> list[str]:
     """The changes (deltas) of a prompt's worked examples, in order: what `same as example i`
-    in a completion for that prompt stands for."""
-    return _EXAMPLE_CHANGES.findall(prompt)
+    in a completion's next state stands for."""
+    return [changes for _, changes in _EXAMPLE.findall(prompt)]
+
+
+def example_traces(prompt: str) -> list[str | None]:
+    """The reasoning traces of a prompt's worked examples, in order (None: one shown without):
+    what `same as example i` in a completion's reasoning stands for."""
+    return [trace or None for trace, _ in _EXAMPLE.findall(prompt)]
+
+
+def one_line(text: str) -> str:
+    """`text` as a worked example shows it: on one line, single-spaced."""
+    return " ".join(text.split())
 
 
 def _block(tag: str, lines: Sequence[str]) -> str:
@@ -473,6 +509,6 @@ def _block(tag: str, lines: Sequence[str]) -> str:
 def _worked_block(example: Worked) -> str:
     outcome = f"reward: {format_number(example.reward)} done: {_flag(example.done)}"
     said = [] if example.task_says is None else [f"task says: {example.task_says}"]
-    traced = [] if example.reasoning is None else [f"reasoning: {' '.join(example.reasoning.split())}"]
+    traced = [] if example.reasoning is None else [f"reasoning: {one_line(example.reasoning)}"]
     return _block("example", [f"location: {example.location}", f"action: {example.action}", *said,
                               *traced, "changes:", example.delta, outcome])

@@ -32,7 +32,8 @@ from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (FORMAT_VERSION, Completion, FormatError, Step,
-                                        example_changes, format_prompt, parse_completion)
+                                        example_changes, example_traces, format_prompt,
+                                        parse_completion)
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState
 
@@ -184,18 +185,20 @@ class ExperienceModel:
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
                  states: Sequence[AbstractState] | None = None,
-                 changes: Sequence[Sequence[str]] | None = None) -> list[str]:
+                 changes: Sequence[Sequence[str]] | None = None,
+                 traces: Sequence[Sequence[str | None]] | None = None) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
         name an item the state has, an addition cannot repeat one, a reference can only name
         a worked example whose change (`changes`: each prompt's `example_changes`) fits the state,
-        and the reward and done are those the reasoning stated (`constrain.py`)."""
+        and the reward and done are those the reasoning stated, itself or by naming an example
+        (`traces`: each prompt's `example_traces`; `constrain.py`)."""
         inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
         stated = self.config.reasoning and self.config.annotator == "state-diff"
         constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes,
-                                       stated)]
+                                       stated, traces)]
                       if states is not None and self.config.constrain_removals else [])
         output = self.model.generate(
             **inputs, logits_processor=LogitsProcessorList(constraint),
@@ -214,22 +217,25 @@ class ExperienceModel:
         prompts = [prompt for prompt, _, _ in framed]
         queries = [shown for _, shown, _ in framed]
         shown_changes = [example_changes(prompt) for prompt in prompts]  # what a reference names
+        shown_traces = [example_traces(prompt) for prompt in prompts]
         results: list[Prediction | None] = [None] * len(queries)
         pending = list(range(len(queries)))
         for attempt in range(self.config.retries + 1):
             if attempt == 0:  # greedy: the same text whatever else is in the batch
                 texts = self.generate([prompts[i] for i in pending],
                                       states=[queries[i].state for i in pending],
-                                      changes=[shown_changes[i] for i in pending])
+                                      changes=[shown_changes[i] for i in pending],
+                                      traces=[shown_traces[i] for i in pending])
             else:  # sampled one query at a time, so that a retry does not depend on the batch
                 texts = [self.generate([prompts[i]], sample=True, attempt=attempt,
-                                       states=[queries[i].state], changes=[shown_changes[i]])[0]
+                                       states=[queries[i].state], changes=[shown_changes[i]],
+                                       traces=[shown_traces[i]])[0]
                          for i in pending]
             still = []
             for index, text in zip(pending, texts):
                 try:
                     completion = parse_completion(text, queries[index].state, self.config.reasoning,
-                                                  shown_changes[index])
+                                                  shown_changes[index], shown_traces[index])
                     results[index] = Prediction(framed[index][2].restore(completion), text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
@@ -267,10 +273,11 @@ class RemoteExperienceModel(ExperienceModel):
 
     def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
                  states: Sequence[AbstractState] | None = None,
-                 changes: Sequence[Sequence[str]] | None = None) -> list[str]:
+                 changes: Sequence[Sequence[str]] | None = None,
+                 traces: Sequence[Sequence[str | None]] | None = None) -> list[str]:
         """Completions of `prompts` in one request: greedy, or sampled (seeded) for a retry.
-        Nothing is constrained here (`states` and `changes` are unused): the server decodes
-        freely."""
+        Nothing is constrained here (`states`, `changes` and `traces` are unused): the server
+        decodes freely."""
         if not prompts:
             return []
         body = {"model": self.config.backend_model, "prompt": list(prompts),
