@@ -23,13 +23,13 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
     # Without placeholders only the kept names and the room are shared.
     raw = situation(kitchen("tomato"), "take tomato from counter", None)
     other = situation(kitchen("carrot"), "take carrot from counter", None)
-    assert raw.action != other.action and closeness(raw, other)[4] < 1
+    assert raw.action != other.action and closeness(raw, other)[-1] < 1
     assert tomato.acted == {"visible: obj1 (on counter)", "visible: counter"}
     # The open fridge is a different situation: the same move on the same items, 4 of 8 items in
     # common (room, counter, food, its take; not the fridge nor its open/close). No change given:
     # none is known to fit.
     opened = situation(kitchen("carrot", fridge="open"), "take carrot from counter", KEPT)
-    assert closeness(tomato, opened) == (True, False, True, True, 4 / 8)
+    assert closeness(tomato, opened) == (True, False, True, True, True, 4 / 8)
 
 
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
@@ -44,7 +44,7 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     assert closest(query, candidates, 2) == [2, 3]
     assert closest(query, [], 3) == []
     empty = Situation("look", frozenset())
-    assert closeness(empty, empty) == (True, False, True, True, 1.0)
+    assert closeness(empty, empty) == (True, False, True, True, True, 1.0)
 
 
 def carrying(food: str, *more: str) -> AbstractState:
@@ -60,7 +60,7 @@ def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items
     roasted = situation(carrying("tomato (roasted)"), "chop tomato with knife", KEPT)
     changes = ["inventory: -obj1 (fried); +obj1 (chopped, fried)",
                "inventory: -obj1 (roasted); +obj1 (chopped, roasted)"]
-    assert closeness(query, fried)[4] > closeness(query, roasted)[4]
+    assert closeness(query, fried)[-1] > closeness(query, roasted)[-1]
     assert closeness(query, fried, changes[0])[:2] == (True, False)
     assert closeness(query, roasted, changes[1])[:2] == (True, True)
     assert closest(query, [fried, roasted], 2, changes) == [1, 0]
@@ -88,6 +88,24 @@ def test_a_candidate_in_the_same_relation_to_its_task_comes_before_shared_items(
                        "Recipe: ingredients: tomato. directions: slice the tomato.")
     diced = situation(carrying("tomato"), "slice tomato with knife", KEPT,
                       "Recipe: ingredients: tomato. directions: dice the tomato.")
-    assert closeness(query, sliced)[4] > closeness(query, diced)[4]
+    assert closeness(query, sliced)[-1] > closeness(query, diced)[-1]
     assert closeness(query, diced)[2] and not closeness(query, sliced)[2]
     assert closest(query, [sliced, diced], 2) == [1, 0]
+
+
+def test_a_change_whose_actions_need_an_open_fridge_comes_after_one_that_does_not():
+    """`+insert obj1 into fridge` comes with taking the food only where the fridge is open."""
+    query = situation(kitchen("carrot", fridge="closed"), "take carrot from counter", KEPT)
+    opened = situation(kitchen("tomato", fridge="open"), "take tomato from counter", KEPT)
+    closed = situation(AbstractState("hall", ("chair", "counter", "fridge (closed)", "lamp", "rug", "sofa",
+                                              "tomato (on counter)"), (),
+                                     ("open fridge", "take tomato from counter")),
+                       "take tomato from counter", KEPT)
+    changes = ["visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +insert obj1 into fridge",
+               "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1"]
+    assert closeness(query, opened)[-1] > closeness(query, closed)[-1]  # more items in common
+    assert closeness(query, opened, changes[0])[:5] == (True, True, True, True, False)
+    assert closeness(query, closed, changes[1])[:5] == (True, True, True, True, True)
+    assert closest(query, [opened, closed], 2, changes) == [1, 0]
+    # A change naming nothing open or closed is alike anywhere.
+    assert closeness(query, opened, changes[1])[4]
