@@ -3,6 +3,8 @@ on a real buffer is tested with the other retrieval tests in test_experience_for
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dreamgym.experience.rerank import Situation, closeness, closest, situation, task_relation
 from dreamgym.state import AbstractState, item_name
 
@@ -18,8 +20,9 @@ def kitchen(food: str, fridge: str = "closed", knife: bool = False) -> AbstractS
 
 def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders():
     tomato = situation(kitchen("tomato"), "take tomato from counter", KEPT)
-    assert tomato == situation(kitchen("carrot"), "take carrot from counter", KEPT)
-    assert tomato.action == "take obj1 from counter"
+    carrot = situation(kitchen("carrot"), "take carrot from counter", KEPT)
+    assert tomato == replace(carrot, kinds=tomato.kinds)  # only the real kinds differ
+    assert tomato.action == "take obj1 from counter" and tomato.kinds == {"tomato", "counter"}
     # Without placeholders only the kept names and the room are shared.
     raw = situation(kitchen("tomato"), "take tomato from counter", None)
     other = situation(kitchen("carrot"), "take carrot from counter", None)
@@ -29,7 +32,7 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
     # common (room, counter, food, its take; not the fridge nor its open/close). No change given:
     # none is known to fit.
     opened = situation(kitchen("carrot", fridge="open"), "take carrot from counter", KEPT)
-    assert closeness(tomato, opened) == (True, False, True, True, True, 4 / 8)
+    assert closeness(tomato, opened) == (True, False, True, True, True, False, 4 / 8)
 
 
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
@@ -44,7 +47,7 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     assert closest(query, candidates, 2) == [2, 3]
     assert closest(query, [], 3) == []
     empty = Situation("look", frozenset())
-    assert closeness(empty, empty) == (True, False, True, True, True, 1.0)
+    assert closeness(empty, empty) == (True, False, True, True, True, True, 1.0)
 
 
 def carrying(food: str, *more: str) -> AbstractState:
@@ -109,3 +112,18 @@ def test_a_change_whose_actions_need_an_open_fridge_comes_after_one_that_does_no
     assert closest(query, [opened, closed], 2, changes) == [1, 0]
     # A change naming nothing open or closed is alike anywhere.
     assert closeness(query, opened, changes[1])[4]
+
+
+def test_of_two_candidates_alike_so_far_the_one_acting_on_the_same_kind_comes_first():
+    """A placeholder hides that the query takes a potato (inedible raw); the ranking sees it."""
+    query = situation(kitchen("purple potato"), "take purple potato from counter", KEPT)
+    tomato = situation(kitchen("red tomato"), "take red tomato from counter", KEPT)
+    potato = situation(AbstractState("hall", ("chair", "counter", "fridge (closed)", "lamp",
+                                              "yellow potato (on counter)"), (),
+                                     ("open fridge", "take yellow potato from counter")),
+                       "take yellow potato from counter", KEPT)
+    assert query.kinds == potato.kinds == {"potato", "counter"} != tomato.kinds
+    changes = ["visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1",
+               "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter"]
+    assert closeness(query, tomato)[-1] > closeness(query, potato)[-1]  # more items in common
+    assert closest(query, [tomato, potato], 2, changes) == [1, 0]
