@@ -159,7 +159,8 @@ def to_worked(transition: dict, traced: bool = False) -> Worked:
 
 
 def traces_examples(config: ExperienceConfig) -> bool:
-    """Whether worked examples show their reasoning: a model trained on state-diff traces."""
+    """Whether worked examples show their reasoning: a model trained on state-diff traces (whose
+    traces also state the reward and the end, which decoding holds to: constrain.py)."""
     return config.reasoning and config.annotator == "state-diff"
 
 

@@ -196,7 +196,7 @@ class ExperienceModel:
         inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
-        stated = self.config.reasoning and self.config.annotator == "state-diff"
+        stated = traces_examples(self.config)  # state-diff traces state the reward and the end
         constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes,
                                        stated, traces)]
                       if states is not None and self.config.constrain_removals else [])
