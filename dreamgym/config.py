@@ -269,6 +269,10 @@ class PolicyConfig:
         "'sum' makes an untrained model pick the shortest action almost surely (every token costs "
         "~log(vocabulary) nats), so RL never sees a success to learn from; 'mean' starts it near "
         "uniform over the available actions.")] = "mean"
+    placeholders: Annotated[bool, _help(
+        "Show game-specific objects as obj1, obj2 (named by the task, in its order) and other1, "
+        "other2 (the rest), so that what the policy learns about one food carries to foods it "
+        "never saw (dreamgym/policy/view.py).")] = True
     # Model (the same fields as the experience model's, for the same trainer)
     model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
                                 "a tokenizer and small Llama trained on the BC examples.", min_length=1)] = "from_scratch"
@@ -279,7 +283,7 @@ class PolicyConfig:
     max_length: Annotated[int, _help("Longest prompt + action in tokens; longer prompts lose their "
                                      "start (the task instruction and state come last).", ge=64)] = 768
     # Behaviour cloning (TRL SFTTrainer on successful real trajectories)
-    epochs: Annotated[float, _help("BC passes over the successful real transitions.", gt=0)] = 3.0
+    epochs: Annotated[float, _help("BC passes over the examples (dreamgym/policy/bc.py).", gt=0)] = 6.0
     batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1)] = 16
     learning_rate: Annotated[float, _help("BC peak learning rate.", gt=0)] = 1e-3
     warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1)] = 0.05
@@ -318,10 +322,10 @@ class RLConfig:
     value_coef: Annotated[float, _help("PPO value-loss weight.", ge=0)] = 0.5
     max_grad_norm: Annotated[float, _help("Gradient norm clip.", gt=0)] = 1.0
     temperature: Annotated[float, _help(
-        "Softmax temperature of the action choice during rollouts (and in the losses). With "
-        "policy.action_score mean, scores lie within a few nats of each other, so 1 is close to "
-        "uniform even for a trained policy; 0.25 keeps exploring without ignoring what it knows.",
-        gt=0)] = 0.25
+        "Softmax temperature of the action choice during rollouts (and in the losses). Behaviour "
+        "cloning trains the softmax at 1 (dreamgym/policy/bc.py), so 1 samples the policy it "
+        "learned; below 1 sharpens it (fewer different outcomes per GRPO group).",
+        gt=0)] = 1.0
     real_budget: Annotated[int, _help(
         "env real: the run stops after this many real transitions (counted, logged).", ge=1)] = 3000
     s2r_budget: Annotated[int, _help(
@@ -335,6 +339,9 @@ class EvaluationConfig:
     """Real-environment evaluation of policies on the held-out (test split) games."""
 
     games: Annotated[int, _help("Test-split games evaluated (0: all of them).", ge=0)] = 40
+    train_games: Annotated[int, _help(
+        "Training games on which BC and the final policy are also played, so that the "
+        "generalisation gap (training games vs held-out) is always shown (0: none).", ge=0)] = 40
     episodes_per_game: Annotated[int, _help("Episodes per game (greedy episodes repeat exactly; "
                                             "more only help when sampling).", ge=1)] = 1
     max_steps: Annotated[int, _help("Steps before an evaluation episode is truncated.", ge=1, le=1000)] = 50

@@ -28,12 +28,13 @@ from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.evaluation import (current_eval_set, episodes_path, evaluate_policy, evaluation_metrics,
                                  held_out_games, write_episodes, write_json)
 from dreamgym.experience.variations import seed_tasks, variation_writer
-from dreamgym.policy.bc import bc_examples, initial_policy, train_bc
+from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
 from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME, set_challenger
 from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
+from dreamgym.rl.monitor import RealCheck
 from dreamgym.tracking import experiment_id, git_commit
 from flows.caching import stage_key
 from flows.ingest import log_dataset, markdown_table
@@ -48,11 +49,12 @@ def _key(*parts) -> str:
 def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
     """BC on the successful real episodes; the untrained starting point is saved beside it."""
     rows = read_transitions(validated).to_pylist()
-    examples = bc_examples(rows, config.policy.history)
+    kept = policy_kept_names(rows, config.policy)
+    examples = bc_examples(rows, config.policy, kept)
     untrained = Path(out_dir) / "untrained"
     if not (untrained / "config.json").is_file():
-        initial_policy(examples, config.policy, config.seed).save(untrained)
-    result = train_bc(examples, config.policy, Path(out_dir) / "bc", config.seed, log_to_mlflow=True)
+        initial_policy(examples, config.policy, config.seed, kept).save(untrained)
+    result = train_bc(examples, config.policy, Path(out_dir) / "bc", config.seed, kept, log_to_mlflow=True)
     get_run_logger().info("BC: %d examples, %d steps (%s)", len(examples), result.steps,
                           "reused" if result.reused else f"{result.seconds:.0f}s")
     return {"untrained": str(untrained), "bc": str(result.model_dir), "examples": len(examples),
@@ -79,9 +81,11 @@ def _log_epoch(prefix: str):
     params=("start", "out_dir", "experience_dir", "experience_label", "run_dir"), files=("validated",),
     outputs=("out_dir",), environment=("DATABASE_URL",)))
 def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_label: str, validated: str,
-                  run_dir: str, config: PipelineConfig) -> RLResult:
+                  run_dir: str, config: PipelineConfig, train_games_dir: str | None = None) -> RLResult:
     """RL in DreamEnv on the real initial states of the training tasks, with the curriculum and
-    its variations written by the experience model; synthetic transitions written back."""
+    its variations written by the experience model; synthetic transitions written back. With
+    `train_games_dir`, each epoch's seed tasks are also played in their real games (the
+    dream-vs-real gap, logged per epoch; never learned from)."""
     from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
     from dreamgym.buffer.store import write_back  # noqa: PLC0415
     from dreamgym.experience.generate import open_experience_model  # noqa: PLC0415
@@ -106,8 +110,17 @@ def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_labe
             written = write_back(database, rows, config.buffer)
             get_run_logger().info("write-back: %d synthetic transitions, %d new", len(rows), written.inserted)
 
+        real_check = None
+        if train_games_dir is not None:
+            def real_task(task):
+                game = Path(train_games_dir) / f"{task.task_id}.z8"
+                return load_task(game) if game.is_file() else None
+
+            real_check = RealCheck(lambda: TextWorldEnv(config.rl.max_steps), real_task, config.rl.group_size,
+                                   config.rl.temperature, config.seed)
         return train_rl(start, make_env, curriculum, config.rl, out_dir, config.seed,
-                        on_epoch=_log_epoch("rl_"), on_transitions=write if config.rl.write_back else None)
+                        on_epoch=_log_epoch("rl_"), on_transitions=write if config.rl.write_back else None,
+                        real_check=real_check)
 
 
 @task(name="rl-in-real-env", cache_key_fn=stage_key(sections=("rl", "curriculum", "seed"),
@@ -123,11 +136,13 @@ def real_rl_task(start: str, out_dir: str, train_games_dir: str, budget: int, co
 
 
 @task(name="evaluate-policy", cache_key_fn=stage_key(sections=("evaluation", "seed"),
-                                                    params=("name", "policy_dir", "out_dir"),
+                                                    params=("name", "policy_dir", "out_dir", "count"),
                                                     files=("test_games_dir",)))
-def evaluate_task(name: str, policy_dir: str, test_games_dir: str, out_dir: str, config: PipelineConfig) -> dict:
-    """Success on the held-out games, cached by the policy's folder and the evaluation set."""
-    games = held_out_games(config, test_games_dir)
+def evaluate_task(name: str, policy_dir: str, test_games_dir: str, out_dir: str, config: PipelineConfig,
+                  count: int | None = None) -> dict:
+    """Success on the held-out games (or the first `count` games of another folder, e.g. the
+    training games), cached by the policy's folder and the evaluation set."""
+    games = held_out_games(config, test_games_dir) if count is None else list_games(test_games_dir)[:count]
     path = Path(out_dir) / f"eval-{name}-{_key(policy_dir, current_eval_set(config, games))}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -168,7 +183,7 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
         if config.rl.env == "dream":
             rl = dream_rl_task(bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"], experience_label,
-                               ingest_summary["validated_path"], run_dir, phase)
+                               ingest_summary["validated_path"], run_dir, phase, train_games_dir)
         else:
             rl = real_rl_task(bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
         final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
@@ -186,8 +201,11 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         test_dir = ingest_summary["test_games_dir"]
         evals = [evaluate_task(name, str(path), test_dir, str(root), config)
                  for name, path in (("untrained", bc["untrained"]), ("bc", bc["bc"]), ("dreamgym", str(final)))]
-        for summary in evals:
-            mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name']}_"))
+        train_evals = [evaluate_task(f"{name}-train-games", str(path), train_games_dir, str(root), config,
+                                     count=config.evaluation.train_games)
+                       for name, path in (("bc", bc["bc"]), ("dreamgym", str(final))) if config.evaluation.train_games]
+        for summary in evals + train_evals:
+            mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name'].replace('-', '_')}_"))
             for path in (summary["json_path"], episodes_path(summary["json_path"])):
                 mlflow.log_artifact(str(path), artifact_path="evaluation")
         comparison = plot_success(evals, root / f"success-{rl_key}-{config.rl.s2r_budget}.png",
@@ -216,7 +234,7 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
                          "reused": rl.reused, "history": rl.history,
                          "real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
                          "algorithm": config.rl.algorithm, "env": config.rl.env},
-                  "evaluations": evals}
+                  "evaluations": evals, "train_evaluations": train_evals}
         create_markdown_artifact(key="policy-summary", description="Policies trained and evaluated",
                                  markdown=markdown_table("Policy", policy_rows(result)))
         return result
@@ -225,9 +243,14 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
 def policy_rows(summary: dict) -> list[tuple[str, str]]:
     """The flow's result as (label, value) rows: for the CLI's table and the Prefect artifact."""
     rl = summary["rl"]
-    rows = [(f"success: {e['name']}", f"{e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
-                                      f"{e['episodes']} episodes, mean steps {e['mean_steps']:.1f})")
-            for e in summary["evaluations"]]
+    on_training_games = {e["name"].removesuffix("-train-games"): e for e in summary.get("train_evaluations", [])}
+    rows = []
+    for e in summary["evaluations"]:
+        seen = on_training_games.get(e["name"])
+        rows.append((f"success: {e['name']}",
+                     f"held-out {e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
+                     f"{e['episodes']} games, mean steps {e['mean_steps']:.1f})"
+                     + (f"; its training games {seen['success_rate']:.1%} ({seen['episodes']})" if seen else "")))
     how = "reused" if rl["reused"] else f"{rl['seconds'] / 60:.1f} min"
     rows += [("RL", f"{rl['algorithm']} in {rl['env']}: {rl['epochs']} epochs ({how}), real transitions "
                     f"{rl['real_transitions']}, synthetic {rl['synthetic_transitions']}"),

@@ -23,10 +23,12 @@ TINY_POLICY = PolicyConfig(vocab_size=400, hidden_size=32, layers=1, heads=2, ma
 def policy_dir(offline_dataset, tmp_path_factory) -> Path:
     """An untrained from-scratch policy (tokenizer learned from the BC examples), saved."""
     from dreamgym.data.schema import read_transitions  # noqa: PLC0415
-    from dreamgym.policy.bc import bc_examples, initial_policy  # noqa: PLC0415
+    from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names  # noqa: PLC0415
 
-    examples = bc_examples(read_transitions(offline_dataset).to_pylist(), TINY_POLICY.history)
-    return initial_policy(examples, TINY_POLICY, seed=0).save(tmp_path_factory.mktemp("policy") / "policy")
+    rows = read_transitions(offline_dataset).to_pylist()
+    kept = policy_kept_names(rows, TINY_POLICY)
+    examples = bc_examples(rows, TINY_POLICY, kept)
+    return initial_policy(examples, TINY_POLICY, seed=0, kept=kept).save(tmp_path_factory.mktemp("policy") / "policy")
 
 
 @pytest.fixture(scope="module")

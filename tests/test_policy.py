@@ -15,6 +15,7 @@ from dreamgym.errors import DreamgymError
 from dreamgym.experience.model import init_model, train_tokenizer
 from dreamgym.policy.bc import bc_examples, initial_policy
 from dreamgym.policy.model import (
+    KEPT_NAMES_FILE,
     SETTINGS_FILE,
     VALUE_HEAD_FILE,
     Observation,
@@ -22,15 +23,16 @@ from dreamgym.policy.model import (
     PolicyError,
     action_completion,
     load_policy,
-    policy_prompt,
 )
+from dreamgym.policy.view import object_placeholders, policy_input, policy_prompt
 from dreamgym.state import parse_state
 
 KITCHEN = "location: kitchen\nvisible: apple\ninventory:\nactions: eat apple; go north; take apple"
 HALL = ("location: hall\nvisible: wooden door (closed)\ninventory: brass key\n"
         "actions: drop brass key; go south; open wooden door with brass key")
 ACTIONS = ("eat apple", "go north", "take apple", "drop brass key", "go south", "open wooden door with brass key")
-CONFIG = PolicyConfig(vocab_size=400, hidden_size=32, layers=1, heads=2, max_length=256, action_score="sum")
+CONFIG = PolicyConfig(vocab_size=400, hidden_size=32, layers=1, heads=2, max_length=256, action_score="sum",
+                      placeholders=False)
 
 # Two prompts of different lengths (left padding) and candidates of different token lengths
 # ("examine the rusty old cabinet" has words the tokenizer never saw: many byte-level tokens).
@@ -157,7 +159,7 @@ def test_act_greedy_picks_the_argmax(policy):
                                                  ("drop brass key", "go south", "open wooden door with brass key")]
     # history 2 (the default): only the last two recent actions are in the prompt
     assert decisions[1].prompt == policy_prompt("open the wooden door in the hall", ["go north", "take brass key"],
-                                                HALL)
+                                                HALL, list_actions=False)
     with torch.no_grad():
         distributions, _ = policy.log_probs([d.prompt for d in decisions], [d.candidates for d in decisions])
     for decision, distribution in zip(decisions, distributions):
@@ -237,7 +239,7 @@ def test_save_and_load_round_trip(model, tokenizer, tmp_path):
     assert loaded_values.tolist() == pytest.approx(values.tolist(), abs=1e-5)
     assert values.tolist() != pytest.approx([0.25, 0.25])  # the head really reads the hidden state
     assert loaded.act(observations(), greedy=True)[1].prompt == policy_prompt(
-        "open the wooden door in the hall", ["take brass key"], HALL)  # history 1 after loading
+        "open the wooden door in the hall", ["take brass key"], HALL, list_actions=False)  # history 1 after loading
 
 
 def test_save_without_value_head_loads_without_one(model, tokenizer, tmp_path):
@@ -254,12 +256,81 @@ def test_load_policy_of_an_empty_folder_fails(tmp_path):
         load_policy(tmp_path)
 
 
+# --- the policy's view: placeholders -------------------------------------------------------------
+
+PANTRY = ("location: pantry\nvisible: carrot (on shelf); purple potato (on shelf); shelf\n"
+          "inventory: knife; red apple (sliced)\n"
+          "actions: eat red apple; go north; slice red apple with knife; take carrot from shelf; "
+          "take purple potato from shelf")
+RECIPE = "Recipe: ingredients: purple potato, red apple. directions: roast the purple potato; prepare meal."
+KEPT = frozenset({"knife", "shelf"})
+
+
+def test_objects_the_task_names_come_first_in_its_order_and_the_others_after():
+    assert object_placeholders(KEPT, RECIPE, PANTRY) == {
+        "purple potato": "obj1", "red apple": "obj2", "carrot": "other1"}
+    view = policy_input(RECIPE, ["take red apple from shelf", "slice red apple with knife"], PANTRY, 1, KEPT)
+    assert view.prompt == policy_prompt(
+        "Recipe: ingredients: obj1, obj2. directions: roast the obj1; prepare meal.",
+        ["slice obj2 with knife"],
+        "location: pantry\nvisible: obj1 (on shelf); other1 (on shelf); shelf\n"
+        "inventory: knife; obj2 (sliced)\n"
+        "actions: eat obj2; go north; slice obj2 with knife; take obj1 from shelf; take other1 from shelf")
+    # the candidates are the available actions in the state's order, renamed; the real ones beside
+    assert view.actions == parse_state(PANTRY).actions
+    assert view.candidates == ("eat obj2", "go north", "slice obj2 with knife", "take other1 from shelf",
+                               "take obj1 from shelf")
+    assert view.rename("take purple potato from shelf") == "take obj1 from shelf"
+    assert view.restore("take obj1 from shelf") == "take purple potato from shelf"
+    # a food the training data never showed is renamed the same way: names are not learnt, roles are
+    unseen = PANTRY.replace("purple potato", "green zucchini")
+    assert policy_input(RECIPE.replace("purple potato", "green zucchini"), [], unseen, 2, KEPT).prompt == \
+        policy_input(RECIPE, [], PANTRY, 2, KEPT).prompt
+
+
+def test_without_placeholders_the_view_is_the_real_text():
+    view = policy_input(RECIPE, ["look"], PANTRY, 2, None)
+    assert view.prompt == policy_prompt(RECIPE, ["look"], PANTRY)
+    assert view.candidates == view.actions == parse_state(PANTRY).actions
+
+
+def test_a_policy_with_placeholders_acts_on_real_actions_and_saves_its_kept_names(model, tokenizer, tmp_path):
+    with pytest.raises(PolicyError, match="kept_names"):
+        make_policy(model, tokenizer, placeholders=True)
+    policy = Policy(model, tokenizer, dataclasses.replace(CONFIG, placeholders=True), kept_names=KEPT)
+    observation = Observation(RECIPE, (), PANTRY)
+    decisions = policy.act([observation] * 6, generator=torch.Generator().manual_seed(0))
+    for decision in decisions:
+        assert decision.prompt == policy.view(observation).prompt and "purple potato" not in decision.prompt
+        assert decision.action == parse_state(PANTRY).actions[decision.chosen]  # the real text is played
+        assert decision.candidates[decision.chosen] == policy.view(observation).rename(decision.action)
+    path = policy.save(tmp_path / "named")
+    assert json.loads((path / KEPT_NAMES_FILE).read_text()) == sorted(KEPT)
+    loaded = load_policy(path)
+    assert loaded.kept_names == KEPT and loaded.view(observation) == policy.view(observation)
+    (path / KEPT_NAMES_FILE).unlink()
+    with pytest.raises(PolicyError, match=KEPT_NAMES_FILE):
+        load_policy(path)
+
+
 # --- behaviour cloning examples -----------------------------------------------------------------
 
+def _state(trajectory: str, step: int) -> str:
+    """A distinct, parseable state per trajectory and step."""
+    return f"location: room {trajectory} {step}\nvisible:\ninventory:\nactions: eat apple; go north; go south; " \
+           "open door; take apple"
+
+
 def _row(trajectory: str, step: int, action: str, won: bool, source: str = "real",
-         instruction: str = "eat the apple") -> dict:
+         instruction: str = "eat the apple", expert_action: str | None = None) -> dict:
     return {"trajectory_id": trajectory, "step": step, "instruction": instruction,
-            "state": f"state {trajectory}/{step}", "action": action, "won": won, "source": source}
+            "state": _state(trajectory, step), "action": action, "won": won, "source": source,
+            "expert_action": expert_action}
+
+
+def _prompt(instruction: str, recent: list[str], trajectory: str, step: int) -> str:
+    """The prompt a choice policy reads (the available actions are candidates, not listed)."""
+    return policy_prompt(instruction, recent, _state(trajectory, step), list_actions=False)
 
 
 def test_bc_examples_from_won_real_trajectories_in_step_order():
@@ -273,29 +344,50 @@ def test_bc_examples_from_won_real_trajectories_in_step_order():
         # t0: won in one step, another task
         _row("t0", 0, "open door", True, instruction="open the door"),
     ]
-    examples = bc_examples(rows, history=1)
-    assert examples == [
-        # trajectories sorted by id: t0, then t2
-        {"prompt": policy_prompt("open the door", [], "state t0/0"), "completion": " open door"},
-        {"prompt": policy_prompt("eat the apple", [], "state t2/0"), "completion": " go north"},
-        {"prompt": policy_prompt("eat the apple", ["go north"], "state t2/1"), "completion": " take apple"},
-        # history 1: only the last action, not "go north | take apple"
-        {"prompt": policy_prompt("eat the apple", ["take apple"], "state t2/2"), "completion": " eat apple"},
+    examples = bc_examples(rows, dataclasses.replace(CONFIG, history=1))
+    # trajectories sorted by id: t0, then t2; history 1: only the last action, not "go north | take apple"
+    assert [(e["prompt"], e["completion"]) for e in examples] == [
+        (_prompt("open the door", [], "t0", 0), " open door"),
+        (_prompt("eat the apple", [], "t2", 0), " go north"),
+        (_prompt("eat the apple", ["go north"], "t2", 1), " take apple"),
+        (_prompt("eat the apple", ["take apple"], "t2", 2), " eat apple"),
     ]
-    assert examples[3]["prompt"].startswith("task: eat the apple\nrecent actions: take apple\nstate t2/2\n")
-    with_two = bc_examples(rows, history=2)
-    assert with_two[3]["prompt"] == policy_prompt("eat the apple", ["go north", "take apple"], "state t2/2")
-    without = bc_examples(rows, history=0)
+    actions = list(parse_state(_state("t2", 0)).actions)
+    assert all(e["candidates"] == actions and actions[e["label"]] == e["completion"].strip() for e in examples)
+    assert "\nactions:" not in examples[0]["prompt"]
+    with_two = bc_examples(rows, dataclasses.replace(CONFIG, history=2))
+    assert with_two[3]["prompt"] == _prompt("eat the apple", ["go north", "take apple"], "t2", 2)
+    without = bc_examples(rows, dataclasses.replace(CONFIG, history=0))
     assert all("recent actions: none" in e["prompt"] for e in without)
+    # mode generate writes the action, so its prompt lists the available ones
+    generating = bc_examples(rows, dataclasses.replace(CONFIG, mode="generate"))
+    assert generating[0]["prompt"] == policy_prompt("open the door", [], _state("t0", 0))
+
+
+def test_bc_examples_imitate_the_expert_at_every_step_of_every_labelled_episode():
+    rows = [
+        # lost, and its first action was a random one: still every step, labelled with the expert's choice
+        _row("t1", 0, "go south", False, expert_action="take apple"),
+        _row("t1", 1, "eat apple", False, expert_action="take apple"),
+        # won: the same, recent actions are what was done
+        _row("t2", 0, "go north", False, expert_action="take apple"),
+        _row("t2", 1, "take apple", True, expert_action="take apple"),
+    ]
+    examples = bc_examples(rows, CONFIG)
+    assert [e["completion"] for e in examples] == [" take apple"] * 4
+    assert examples[1]["prompt"] == _prompt("eat the apple", ["go south"], "t1", 1)
+    # one unlabelled step: the episode falls back to the old rule (its actions, only if won)
+    rows[1] = _row("t1", 1, "eat apple", False)
+    assert [e["completion"] for e in bc_examples(rows, CONFIG)] == [" take apple", " take apple"]
 
 
 def test_bc_examples_of_no_won_real_episode_are_empty():
-    assert bc_examples([_row("t1", 0, "go south", False)], history=2) == []
-    assert bc_examples([], history=2) == []
+    assert bc_examples([_row("t1", 0, "go south", False)], CONFIG) == []
+    assert bc_examples([], CONFIG) == []
 
 
 def test_initial_policy_without_examples_fails():
-    with pytest.raises(DreamgymError, match="no successful real episodes"):
+    with pytest.raises(DreamgymError, match="no real episodes"):
         initial_policy([], CONFIG, seed=0)
 
 

@@ -37,7 +37,7 @@ from dreamgym.errors import DreamgymError
 # Staging and transitions columns, in COPY order, with their Postgres types for binary COPY.
 _COLUMNS = (
     ("content_hash", "text"), ("trajectory_id", "text"), ("task_id", "text"), ("env", "text"),
-    ("step", "int4"), ("state", "text"), ("action", "text"), ("next_state", "text"),
+    ("step", "int4"), ("state", "text"), ("action", "text"), ("expert_action", "text"), ("next_state", "text"),
     ("reward", "float8"), ("terminated", "bool"), ("truncated", "bool"), ("won", "bool"),
     ("lost", "bool"), ("score", "int8"), ("max_score", "int8"), ("reasoning", "text"),
     ("source", "text"), ("policy", "text"), ("model_version", "text"), ("run_id", "text"),

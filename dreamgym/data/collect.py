@@ -98,12 +98,13 @@ def play_episode(env: Env, task: Task, settings: CollectionSettings, episode: in
     state, info = env.reset(task)
     rows = []
     for step in range(env.max_steps):
-        action = choose_action(settings.policy, rng, settings.epsilon,
-                               parse_state(state).actions, info["expert_action"])
+        expert_action = info["expert_action"]
+        action = choose_action(settings.policy, rng, settings.epsilon, parse_state(state).actions, expert_action)
         next_state, reward, terminated, truncated, info = env.step(action)
         row = {
             "env": env.name, "task_id": task.task_id, "instruction": task.instruction,
             "trajectory_id": traj, "step": step, "state": state, "action": action,
+            "expert_action": expert_action,
             "next_state": next_state, "reward": reward, "terminated": terminated,
             "truncated": truncated, "won": info["won"], "lost": info["lost"],
             "score": info["score"], "max_score": info["max_score"], "reasoning": None,
@@ -155,7 +156,8 @@ def collect(games: Sequence[str | Path], out: str | Path, settings: CollectionSe
     if not games:
         raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
     out = Path(out)
-    metadata = {"collection": asdict(settings), "games": _games_digest(games)}
+    # format 2: rows record the expert's action (a file of format 1 is collected again)
+    metadata = {"collection": asdict(settings), "games": _games_digest(games), "format": 2}
     if out.exists() and read_metadata(out) == metadata:
         table = read_transitions(out)
         return CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(table))

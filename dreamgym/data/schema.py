@@ -30,6 +30,9 @@ TRANSITION_SCHEMA = pa.schema([
     pa.field("step", pa.int32(), nullable=False),
     pa.field("state", pa.string(), nullable=False),
     pa.field("action", pa.string(), nullable=False),
+    # The environment's expert action from `state` (None: no expert, e.g. synthetic transitions):
+    # a label about the state, outside the content hash, which identifies what happened.
+    pa.field("expert_action", pa.string(), nullable=True),
     pa.field("next_state", pa.string(), nullable=False),
     pa.field("reward", pa.float64(), nullable=False),
     pa.field("terminated", pa.bool_(), nullable=False),
@@ -50,6 +53,9 @@ COLUMNS = tuple(TRANSITION_SCHEMA.names)
 # The same columns with every field nullable: how validation holds rows that lack a required
 # value, so that they can be quarantined rather than refused with the whole file.
 NULLABLE_SCHEMA = pa.schema([field.with_nullable(True) for field in TRANSITION_SCHEMA])
+
+# Columns added after the first files were written: a file without one reads as all nulls.
+OPTIONAL_COLUMNS = ("expert_action",)
 
 CONTENT_FIELDS = ("env", "task_id", "trajectory_id", "step", "state", "action", "next_state",
                   "reward", "terminated", "truncated", "source")
@@ -95,13 +101,13 @@ def write_transitions(table: pa.Table, path: str | Path) -> Path:
 
 def check_columns(schema: pa.Schema, path: str | Path) -> None:
     """Raise a `SchemaError` naming every missing column or wrong type."""
-    missing = [name for name in COLUMNS if name not in schema.names]
+    missing = [name for name in COLUMNS if name not in schema.names and name not in OPTIONAL_COLUMNS]
     if missing:
         raise SchemaError(f"{path}: missing columns {', '.join(missing)}; a transitions file needs "
                           f"all of: {', '.join(COLUMNS)}")
     wrong = [f"{field.name} is {schema.field(field.name).type} (expected {field.type})"
              for field in TRANSITION_SCHEMA
-             if not schema.field(field.name).type.equals(field.type)]
+             if field.name in schema.names and not schema.field(field.name).type.equals(field.type)]
     if wrong:
         raise SchemaError(f"{path}: wrong column types: {'; '.join(wrong)}")
 
@@ -120,7 +126,11 @@ def read_transitions(path: str | Path, allow_nulls: bool = False) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as error:
         raise SchemaError(f"{path} is not a readable Parquet file ({error})") from None
     check_columns(schema, path)
-    table = pq.read_table(path, columns=list(COLUMNS))
+    table = pq.read_table(path, columns=[name for name in COLUMNS if name in schema.names])
+    for name in OPTIONAL_COLUMNS:
+        if name not in schema.names:
+            table = table.add_column(COLUMNS.index(name), TRANSITION_SCHEMA.field(name).with_nullable(True),
+                                     pa.nulls(table.num_rows, TRANSITION_SCHEMA.field(name).type))
     if allow_nulls:
         return table.cast(NULLABLE_SCHEMA)
     with_nulls = [name for name in COLUMNS

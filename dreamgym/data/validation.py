@@ -12,8 +12,9 @@ A transitions file is checked in two layers:
   then expects to be all True (see `DERIVED_CHECKS`): within a trajectory, rows in file order
   have steps 0, 1, 2, ...; the last step and only it is terminated or truncated, never both;
   each step's next_state is the following step's state; state and next_state parse in the
-  abstract state format; on TextWorld the action is one of the state's available actions (the
-  collector only plays admissible actions, so anything else is corruption); no content_hash
+  abstract state format; on TextWorld the action, and the expert's action where recorded, is one
+  of the state's available actions (the collector only plays admissible actions and the game's
+  walkthrough only admissible commands, so anything else is corruption); no content_hash
   repeats an earlier row's. A repeated row is judged only as a duplicate: the trajectory checks
   run on the first copies, so that one re-ingested row does not also read as a broken chain.
 
@@ -57,6 +58,7 @@ DERIVED_CHECKS = {
     "check_state_parses": "state does not parse as an abstract state",
     "check_next_state_parses": "next_state does not parse as an abstract state",
     "check_action_available": "action is not among the state's available actions",
+    "check_expert_action_available": "expert_action is not among the state's available actions",
     "check_unique_content_hash": "duplicate content_hash",
 }
 TRAJECTORY_REASON = "trajectory has invalid rows"
@@ -146,6 +148,9 @@ def derive_checks(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Series]]
     frame["check_action_available"] = [
         not is_tw or _action_available(state, action)
         for is_tw, state, action in zip(textworld, frame["state"], frame["action"])]
+    frame["check_expert_action_available"] = [
+        not is_tw or pd.isna(expert) or _action_available(state, expert)
+        for is_tw, state, expert in zip(textworld, frame["state"], frame["expert_action"])]
     frame["check_unique_content_hash"] = ~duplicate
 
     first_row = pd.Series(first.index, index=first["content_hash"])

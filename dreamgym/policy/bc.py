@@ -1,21 +1,53 @@
-"""Behaviour cloning: the warm start (and the paper's SFT baseline), trained with TRL's SFTTrainer
-on the successful real trajectories through the same trainer as the experience model.
+"""Behaviour cloning: the warm start (and the paper's SFT baseline).
 
-An example is one step of a won episode: prompt = the policy prompt at that step, completion =
-the action taken. Failed episodes are left out: imitating them would teach the failures.
+An example is one step of a real episode: prompt = the policy's input at that step
+(`dreamgym.policy.view`, the same function acting uses), candidates = the available actions as the
+policy scores them, label = the action to imitate.
+
+Which action: where the data records the environment's expert action for the step
+(`expert_action`, what the game's walkthrough does from that state), every step of every real
+episode is an example labelled with it, won or lost. The noisy expert that collects the data
+takes a random action 3 steps in 10; cloning what it *did* teaches those random steps too, and
+leaving its failed episodes out throws away the states a policy must recover from. Labelling each
+visited state with the expert's choice keeps both (DART/DAgger-style relabelling). Data without
+labels (another environment, older files) falls back to the actions of the won episodes.
+
+The objective is the acting rule (`policy.mode`):
+- `choice`: the policy acts by a softmax over the scores of the available actions, so BC minimises
+  exactly that distribution's cross-entropy, -log π(label | s) (`choice_loss`). A token-level LM
+  loss on the label's text (what TRL's SFT trains) does not: it spends its capacity on the
+  predictable tail of each action ("... with knife"), and the mean token log-likelihood that
+  acting reads then ranks a wrong verb on the right object close to the right one (measured in
+  benchmarks/bc_imitation.py). This loop is written here because TRL has no objective over a
+  set of candidate completions.
+- `generate`: the policy samples free text, so BC is TRL's SFT on prompt/completion (the
+  likelihood that generation samples from), through the experience model's trainer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import random
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
 from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.model import FROM_SCRATCH, init_model, load_pretrained, train_tokenizer
-from dreamgym.experience.train import TrainResult, train_sft
-from dreamgym.policy.model import Policy, action_completion, policy_prompt, save_settings
+from dreamgym.experience.placeholders import kept_names
+from dreamgym.experience.train import TRAINING_FIELDS, RESULT_FILE, TrainResult, claim_run_directory, train_sft
+from dreamgym.policy.model import Policy, action_completion, save_settings
+from dreamgym.policy.view import policy_input
+
+# Log about 100 loss points per run.
+LOG_POINTS = 100
 
 
 def episodes(rows: Iterable[Mapping]) -> list[list[Mapping]]:
@@ -30,44 +62,144 @@ def won(episode: Sequence[Mapping]) -> bool:
     return bool(episode) and bool(episode[-1]["won"])
 
 
-def bc_examples(rows: Iterable[Mapping], history: int) -> list[dict[str, str]]:
-    """Prompt/completion pairs from every step of every won real episode."""
+def labelled(episode: Sequence[Mapping]) -> bool:
+    """Whether every step of the episode records the expert's action."""
+    return all(row.get("expert_action") for row in episode)
+
+
+def policy_kept_names(rows: Iterable[Mapping], config: PolicyConfig) -> frozenset[str] | None:
+    """The names that keep their text in the policy's prompts (None: placeholders off), learnt
+    from the real transitions the policy is cloned from."""
+    if not config.placeholders:
+        return None
+    return kept_names(row for row in rows if row["source"] == "real")
+
+
+def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[str] | None = None) -> list[dict]:
+    """One example per step to imitate (see the module docstring for which steps and labels):
+    `prompt`, `completion` (the label as text), `candidates` (the available actions as scored)
+    and `label` (the label's index among them)."""
     examples = []
     for episode in episodes(row for row in rows if row["source"] == "real"):
-        if not won(episode):
+        relabel = labelled(episode)
+        if not relabel and not won(episode):
             continue
         actions: list[str] = []
         for row in episode:
-            recent = actions[-history:] if history else []
-            examples.append({"prompt": policy_prompt(row["instruction"], recent, row["state"]),
-                             "completion": action_completion(row["action"])})
+            view = policy_input(row["instruction"], actions, row["state"], config.history, kept,
+                                list_actions=config.mode == "generate")
+            label = row["expert_action"] if relabel else row["action"]
+            if label in view.actions:
+                examples.append({"prompt": view.prompt, "completion": action_completion(view.rename(label)),
+                                 "candidates": list(view.candidates), "label": view.actions.index(label)})
             actions.append(row["action"])
     return examples
 
 
-def initial_policy(examples: Sequence[dict[str, str]], config: PolicyConfig, seed: int) -> Policy:
-    """The untrained policy BC starts from: from scratch, a tokenizer learned from the examples
-    and random weights (the same ones `train_bc` starts from with the same seed); else the named
-    pretrained model."""
+def initial_policy(examples: Sequence[dict], config: PolicyConfig, seed: int,
+                   kept: frozenset[str] | None = None) -> Policy:
+    """The untrained policy BC starts from: from scratch, a tokenizer learned from the examples'
+    prompts and actions and random weights (the same ones `train_bc` starts from with the same
+    seed); else the named pretrained model."""
     if config.model != FROM_SCRATCH:
         model, tokenizer = load_pretrained(config.model)
     else:
         if not examples:
-            raise DreamgymError("no successful real episodes to learn a policy tokenizer from; collect "
-                                "more data (collect.policy: noisy-expert succeeds often)")
-        tokenizer = train_tokenizer((text for e in examples for text in (e["prompt"], e["completion"])),
-                                    config.vocab_size)
+            raise DreamgymError("no real episodes to learn a policy tokenizer from; collect more data "
+                                "(collect.policy: noisy-expert records the expert's action at every step)")
+        texts = (text for e in examples
+                 for text in (e["prompt"], e["completion"], *map(action_completion, e.get("candidates", ()))))
+        tokenizer = train_tokenizer(texts, config.vocab_size)
         model = init_model(tokenizer, config, seed)
-    return Policy(model, tokenizer, config).eval()
+    return Policy(model, tokenizer, config, kept_names=kept).eval()
 
 
-def train_bc(examples: Sequence[dict[str, str]], config: PolicyConfig, output_dir: str | Path, seed: int,
-             progress: bool = True, log_to_mlflow: bool = False) -> TrainResult:
-    """Behaviour cloning with SFTTrainer (loss on the actions only); resumable and reused like the
-    experience model's training (`train_sft`). The saved folder is a loadable policy."""
+def choice_loss(distributions: Sequence[torch.Tensor], labels: Sequence[int]) -> torch.Tensor:
+    """BC's loss in mode choice: the mean over a minibatch of -log π(label | s), where
+    `distributions[i]` holds log π(· | s_i) over example i's candidates (shape (n_i,)) and
+    `labels[i]` indexes the action to imitate. 0 when every label has probability 1."""
+    if len(distributions) != len(labels) or not labels:
+        raise ValueError(f"{len(distributions)} distributions for {len(labels)} labels")
+    return -torch.stack([distribution[label] for distribution, label in zip(distributions, labels)]).mean()
+
+
+def train_bc(examples: Sequence[dict], config: PolicyConfig, output_dir: str | Path, seed: int,
+             kept: frozenset[str] | None = None, progress: bool = True, log_to_mlflow: bool = False) -> TrainResult:
+    """Behaviour cloning with the objective of `config.mode` (module docstring). A finished run
+    in `output_dir` is reused (`reused=True`); the saved folder `output_dir/model` is a loadable
+    policy."""
     if not examples:
-        raise DreamgymError("no successful real episodes to clone; collect more data or lower the "
-                            "collection's epsilon")
-    result = train_sft(examples, config, Path(output_dir), seed, progress=progress, log_to_mlflow=log_to_mlflow)
-    save_settings(result.model_dir, config)
+        raise DreamgymError("no real episodes to clone: none is labelled with the expert's action and "
+                            "none was won; collect more data or lower the collection's epsilon")
+    if config.mode == "generate":
+        result = train_sft(examples, config, Path(output_dir), seed, progress=progress, log_to_mlflow=log_to_mlflow)
+        save_settings(result.model_dir, config, kept)
+        return result
+    return _train_choice(examples, config, Path(output_dir), seed, kept, progress, log_to_mlflow)
+
+
+def _identity(examples: Sequence[dict], config: PolicyConfig, seed: int) -> dict:
+    digest = hashlib.sha256()
+    for example in examples:
+        digest.update(json.dumps([example["prompt"], example["candidates"], example["label"]]).encode())
+    return {"objective": "choice", "examples": digest.hexdigest(),
+            "settings": {**{name: getattr(config, name) for name in TRAINING_FIELDS}, "seed": seed}}
+
+
+def _schedule(step: int, total: int, warmup_ratio: float) -> float:
+    """Learning-rate factor: linear warmup over `warmup_ratio` of the steps, then linear decay."""
+    warmup = max(1, round(warmup_ratio * total))
+    return (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
+
+
+def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Path, seed: int,
+                  kept: frozenset[str] | None, progress: bool, log_to_mlflow: bool) -> TrainResult:
+    started = time.perf_counter()
+    identity = _identity(examples, config, seed)
+    recorded = claim_run_directory(output_dir, identity)
+    if recorded is not None:
+        raise DreamgymError(f"{output_dir} holds a behaviour-cloning run of other examples or settings; "
+                            "use another output directory or delete it")
+    finished = output_dir / "model" / RESULT_FILE
+    if finished.is_file():
+        return dataclasses.replace(TrainResult.from_json(finished.read_text()), model_dir=output_dir / "model",
+                                   reused=True)
+
+    policy = initial_policy(examples, config, seed, kept).train()
+    if log_to_mlflow:
+        import mlflow  # noqa: PLC0415 - slow import
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate)
+    total = max(1, round(len(examples) * config.epochs / config.batch_size))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _schedule(step, total, config.warmup_ratio))
+    rng, order, losses = random.Random(seed), [], []
+    every = max(1, total // LOG_POINTS)
+    running, seen = 0.0, 0
+    with tqdm(total=total, desc="behaviour cloning", unit="step", disable=not progress) as bar:
+        for step in range(total):
+            if len(order) < config.batch_size:
+                order += rng.sample(range(len(examples)), len(examples))
+            batch, order = [examples[i] for i in order[:config.batch_size]], order[config.batch_size:]
+            distributions, _ = policy.log_probs([e["prompt"] for e in batch], [e["candidates"] for e in batch])
+            loss = choice_loss(distributions, [e["label"] for e in batch])
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            running, seen = running + loss.item(), seen + 1
+            if (step + 1) % every == 0 or step + 1 == total:
+                losses.append((step + 1, running / seen))
+                bar.set_postfix(loss=f"{running / seen:.3f}")
+                if log_to_mlflow:
+                    mlflow.log_metric("train_loss", running / seen, step=step + 1)
+                running, seen = 0.0, 0
+            bar.update()
+    policy.eval()
+    model_dir = policy.save(output_dir / "model")
+    tokens = sum(len(policy.tokenizer(e["prompt"])["input_ids"]) for e in examples) * config.epochs
+    seconds = time.perf_counter() - started
+    result = TrainResult(model_dir=model_dir, steps=total, epochs=config.epochs, train_losses=losses,
+                         eval_losses=[], eval_loss=None, seconds=seconds, tokens_per_second=tokens / seconds,
+                         truncated=0, parameters=sum(p.numel() for p in policy.model.parameters()))
+    (model_dir / RESULT_FILE).write_text(result.to_json())
     return result

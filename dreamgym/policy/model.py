@@ -1,16 +1,7 @@
 """The agent: a causal LM that reads task, recent actions and state, and picks an action.
 
-Prompt (one format, defined here):
-
-    task: <instruction>
-    recent actions: <a1> | <a2>          ("none" at the start of an episode)
-    location: ...                        (the abstract state, dreamgym.state)
-    visible: ...
-    inventory: ...
-    actions: ...
-    next action:
-
-An action is scored by the log-likelihood of its completion " <action><eos>" (the mean over its
+The prompt and the texts of the candidate actions are made in one place, `dreamgym.policy.view`
+(with placeholders on, game-specific objects are renamed `obj1`, `other1`, ... there). An action is scored by the log-likelihood of its completion " <action><eos>" (the mean over its
 tokens by default, see `policy.action_score`), so behaviour cloning (TRL on prompt / completion
 pairs) trains exactly the quantity acting reads.
 
@@ -42,22 +33,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_experience_model
-from dreamgym.state import parse_state
+from dreamgym.policy.view import PolicyInput, policy_input
 
 SETTINGS_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.pt"
-PROMPT_END = "next action:"
-PROMPT_SETTINGS = ("history", "mode", "max_length", "max_new_tokens", "action_score")
+KEPT_NAMES_FILE = "kept_names.json"
+PROMPT_SETTINGS = ("history", "mode", "max_length", "max_new_tokens", "action_score", "placeholders")
 
 
 class PolicyError(DreamgymError):
     """A policy that cannot be loaded or used as asked."""
-
-
-def policy_prompt(instruction: str, recent_actions: Sequence[str], state: str) -> str:
-    """The prompt for choosing the next action (see the module docstring)."""
-    recent = " | ".join(recent_actions) if recent_actions else "none"
-    return f"task: {instruction}\nrecent actions: {recent}\n{state}\n{PROMPT_END}"
 
 
 def action_completion(action: str) -> str:
@@ -74,23 +59,22 @@ class Observation:
     recent_actions: tuple[str, ...]
     state: str
 
-    def candidates(self) -> tuple[str, ...]:
-        return parse_state(self.state).actions
-
 
 @dataclass(frozen=True)
 class Decision:
     """One action the policy took: enough to recompute its probability in a loss later."""
 
     prompt: str
-    candidates: tuple[str, ...]  # choice: the available actions; generate: the one text generated
+    candidates: tuple[str, ...]  # the texts scored: choice: the available actions; generate: the one text generated
     chosen: int
     logprob: float  # log π(chosen) under the policy that acted
     value: float | None = None  # the value head's estimate (PPO)
+    actions: tuple[str, ...] | None = None  # the real actions behind `candidates` (None: the same texts)
 
     @property
     def action(self) -> str:
-        return self.candidates[self.chosen]
+        """The action to play: the real text of the chosen candidate."""
+        return (self.actions or self.candidates)[self.chosen]
 
 
 def _segment_log_softmax(scores: torch.Tensor, sizes: Sequence[int], temperature: float) -> list[torch.Tensor]:
@@ -101,10 +85,19 @@ class Policy(nn.Module):
     """A causal LM policy (and, for PPO, a value head on the prompt's last hidden state)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PolicyConfig,
-                 value_head: nn.Linear | None = None):
+                 value_head: nn.Linear | None = None, kept_names: frozenset[str] | None = None):
         super().__init__()
+        if config.placeholders and kept_names is None:
+            raise PolicyError("policy.placeholders needs the names that keep their text "
+                              "(policy.view.kept_names of the training data); pass kept_names")
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.value_head = value_head
+        self.kept_names = kept_names if config.placeholders else None
+
+    def view(self, observation: Observation) -> PolicyInput:
+        """The prompt and candidate texts of one observation, as behaviour cloning made them."""
+        return policy_input(observation.instruction, observation.recent_actions, observation.state,
+                            self.config.history, self.kept_names, list_actions=self.config.mode == "generate")
 
     @property
     def device(self) -> torch.device:
@@ -198,12 +191,14 @@ class Policy(nn.Module):
         """One decision per observation, all in one batched forward pass."""
         if not observations:
             return []
-        prompts = [policy_prompt(o.instruction, o.recent_actions[-self.config.history:]
-                                 if self.config.history else (), o.state) for o in observations]
+        views = [self.view(observation) for observation in observations]
+        prompts = [view.prompt for view in views]
         if self.config.mode == "generate":
             candidates = [(text,) for text in self._generate(prompts, greedy, generator, temperature)]
+            actions = [(view.restore(text),) for view, (text,) in zip(views, candidates)]
         else:
-            candidates = [observation.candidates() or ("look",) for observation in observations]
+            candidates = [view.candidates for view in views]
+            actions = [view.actions for view in views]
         distributions, values = self.log_probs(prompts, candidates, temperature, with_values)
         decisions = []
         for i, (prompt, options, logp) in enumerate(zip(prompts, candidates, distributions)):
@@ -214,7 +209,8 @@ class Policy(nn.Module):
             else:
                 chosen = int(torch.multinomial(logp.exp().cpu(), 1, generator=generator))
             decisions.append(Decision(prompt, tuple(options), chosen, float(logp[chosen]),
-                                      float(values[i]) if values is not None else None))
+                                      float(values[i]) if values is not None else None,
+                                      actions=None if actions[i] == options else tuple(actions[i])))
         return decisions
 
     def _generate(self, prompts: Sequence[str], greedy: bool, generator: torch.Generator | None,
@@ -234,15 +230,18 @@ class Policy(nn.Module):
     def save(self, path: str | Path) -> Path:
         """Model, tokenizer, settings and value head in one folder (written beside it, then renamed)."""
         path = save_experience_model(self.model, self.tokenizer, path)
-        save_settings(path, self.config)
+        save_settings(path, self.config, self.kept_names)
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), path / VALUE_HEAD_FILE)
         return path
 
 
-def save_settings(path: str | Path, config: PolicyConfig) -> None:
-    """The prompt settings a saved policy was trained with (its prompt must not change later)."""
+def save_settings(path: str | Path, config: PolicyConfig, kept_names: frozenset[str] | None) -> None:
+    """The prompt settings a saved policy was trained with (its prompt must not change later),
+    and with placeholders on, the names that keep their text."""
     (Path(path) / SETTINGS_FILE).write_text(json.dumps({key: getattr(config, key) for key in PROMPT_SETTINGS}))
+    if config.placeholders:
+        (Path(path) / KEPT_NAMES_FILE).write_text(json.dumps(sorted(kept_names or ())))
 
 
 def load_policy(path: str | Path, config: PolicyConfig | None = None, train: bool = False) -> Policy:
@@ -256,11 +255,18 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     device, dtype = device_and_dtype()
     model = model.to(device, dtype=torch.float32 if train else dtype)
     values = json.loads((path / SETTINGS_FILE).read_text()) if (path / SETTINGS_FILE).is_file() else {}
+    values.setdefault("placeholders", False)  # saved before placeholders existed: real names
     settings = dataclasses.replace(config or PolicyConfig(), **values)
+    kept = None
+    if settings.placeholders:
+        if not (path / KEPT_NAMES_FILE).is_file():
+            raise PolicyError(f"{path} is a policy with placeholders but has no {KEPT_NAMES_FILE}; "
+                              "save it again with Policy.save or train it again (`dreamgym run`)")
+        kept = frozenset(json.loads((path / KEPT_NAMES_FILE).read_text()))
     head = None
     if (path / VALUE_HEAD_FILE).is_file():
         head = nn.Linear(model.config.hidden_size, 1)
         head.load_state_dict(torch.load(path / VALUE_HEAD_FILE, map_location="cpu"))
         head = head.to(device)
-    policy = Policy(model, tokenizer, settings, head)
+    policy = Policy(model, tokenizer, settings, head, kept)
     return policy.train(train) if train else policy.eval()

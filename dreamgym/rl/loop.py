@@ -45,6 +45,7 @@ from dreamgym.experience.train import claim_run_directory, progress_bars
 from dreamgym.policy.model import Policy, load_policy
 from dreamgym.rl.common import Sample
 from dreamgym.rl.grpo import GRPO
+from dreamgym.rl.monitor import RealCheck, gap_metrics, gap_warning
 from dreamgym.rl.ppo import PPO
 from dreamgym.rl.rollout import Episode, RealBudget, play
 
@@ -178,23 +179,30 @@ def train_rl(start_policy: str | Path, make_env: Callable[[int], Env], curriculu
              config: RLConfig, output_dir: str | Path, seed: int, *, real_budget: int | None = None,
              on_epoch: Callable[[dict[str, float]], None] | None = None,
              on_transitions: Callable[[list[dict]], None] | None = None,
-             progress: bool = True) -> RLResult:
+             real_check: RealCheck | None = None, progress: bool = True) -> RLResult:
     """Train the policy saved at `start_policy` (also the KL reference) by `config.algorithm`.
 
     `make_env(slot)` builds the environment of one rollout slot (slots are reused every epoch);
     `curriculum` draws each epoch's tasks (its state is checkpointed); `real_budget` caps the real
     transitions (None: no cap, for synthetic environments). `on_epoch` gets each epoch's metrics
-    (e.g. to log them); `on_transitions` gets DreamEnv's synthetic transitions (the write-back).
+    (e.g. to log them); `on_transitions` gets DreamEnv's synthetic transitions (the write-back);
+    `real_check` plays each epoch's tasks in their real games too, for the dream-vs-real gap
+    (`dreamgym.rl.monitor`; measured, never learned from).
     """
     with progress_bars(False):  # transformers' bars on every checkpoint save and load are noise here
-        return _train_rl(Path(start_policy), make_env, curriculum, config, Path(output_dir), seed,
-                         real_budget, on_epoch, on_transitions, progress)
+        try:
+            return _train_rl(Path(start_policy), make_env, curriculum, config, Path(output_dir), seed,
+                             real_budget, on_epoch, on_transitions, real_check, progress)
+        finally:
+            if real_check is not None:
+                real_check.close()
 
 
 def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Curriculum, config: RLConfig,
               output_dir: Path, seed: int, real_budget: int | None,
               on_epoch: Callable[[dict[str, float]], None] | None,
-              on_transitions: Callable[[list[dict]], None] | None, progress: bool) -> RLResult:
+              on_transitions: Callable[[list[dict]], None] | None, real_check: RealCheck | None,
+              progress: bool) -> RLResult:
     started = time.perf_counter()
     identity = {"settings": config_to_dict(config), "seed": seed, "start_policy": _policy_digest(start_policy),
                 "real_budget": real_budget,
@@ -253,16 +261,18 @@ def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Cu
             synthetic += sum(1 for e in episodes if not e.real for _ in e.decisions)
             if rows and on_transitions is not None:
                 on_transitions(rows)
+            checked = gap_metrics(episodes, real_check(policy, tasks, epoch)) if real_check is not None else {}
             samples = algorithm.samples(episodes, policy)
             update = _update(policy, reference, algorithm, samples, optimizer, config,
                              random.Random(seed * 100_003 + epoch))
             metrics = {"epoch": float(epoch), **_episode_metrics(episodes, config.reward), **update,
                        "samples": float(len(samples)), "real_transitions": float(budget.used),
-                       "synthetic_transitions": float(synthetic), **curriculum.metrics(),
+                       "synthetic_transitions": float(synthetic), **checked, **curriculum.metrics(),
                        "epoch_seconds": time.perf_counter() - epoch_started}
             history.append(metrics)
-            for message in collapse_warnings(history):
-                logger.warning(message)
+            for message in [*collapse_warnings(history), gap_warning(metrics)]:
+                if message:
+                    logger.warning(message)
             _save_epoch(output_dir, epoch, policy, optimizer,
                         {"epoch": epoch, "history": history, "real_transitions": budget.used,
                          "synthetic_transitions": synthetic, "curriculum": curriculum.state_dict()})

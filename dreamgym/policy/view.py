@@ -1,0 +1,102 @@
+"""What the policy reads at one decision: the prompt, and the actions it scores.
+
+A small policy trained on a few dozen games learns their objects by name: it "knows" to slice the
+carrot and has nothing to say about a purple potato, so it wins the games it was trained on and
+almost none of the held-out ones (whose foods it never saw). What to do with an object does not
+depend on its name but on its role: named by the task or not. So, with placeholders on, every
+game-specific object the state shows is renamed in the prompt and in the candidate actions:
+
+- an object the task names becomes `obj1`, `obj2`, ... in the order the task first names them
+  (the recipe's first ingredient is always `obj1` once the policy has seen it);
+- any other game-specific object becomes `other1`, `other2`, ... in the state's order.
+
+"Game-specific" is the experience model's rule (`experience.placeholders.kept_names`, learnt from
+the training data): rooms, furniture, doors and the objects of most games (knife, cookbook, meal)
+keep their names; everything else that is carried or can be taken is renamed, foods the training
+data never showed included. The renaming is done per decision from what the state shows, so the
+environment, the data and the experience model keep the real names; the chosen action is mapped
+back to its real text by position.
+
+`policy_input` is the one place the prompt is made, for behaviour cloning and for acting alike, so
+that the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dreamgym.experience.augment import Renamer
+from dreamgym.experience.placeholders import carried_names, shown_names
+from dreamgym.state import parse_state
+
+PROMPT_END = "next action:"
+TASK_OBJECT = "obj{}"
+OTHER_OBJECT = "other{}"
+
+
+def policy_prompt(instruction: str, recent_actions: Sequence[str], state: str, list_actions: bool = True) -> str:
+    """The prompt for choosing the next action:
+
+        task: <instruction>
+        recent actions: <a1> | <a2>          ("none" at the start of an episode)
+        location: ...                        (the abstract state, dreamgym.state)
+        visible: ...
+        inventory: ...
+        actions: ...                         (only with `list_actions`)
+        next action:
+
+    A policy that scores every available action (mode choice) does not need them listed: each is
+    read as a candidate completion, and the list would be half the prompt's tokens.
+    """
+    recent = " | ".join(recent_actions) if recent_actions else "none"
+    if not list_actions:
+        state = "\n".join(line for line in state.split("\n") if not line.startswith("actions:"))
+    return f"task: {instruction}\nrecent actions: {recent}\n{state}\n{PROMPT_END}"
+
+
+def object_placeholders(kept: frozenset[str], instruction: str, state: str) -> dict[str, str]:
+    """Real name -> placeholder for the game-specific objects `state` shows (module docstring)."""
+    abstract = parse_state(state)
+    carried = carried_names(abstract)
+    names = list(dict.fromkeys(name for name in shown_names(abstract) if name in carried and name not in kept))
+    finder = Renamer({name: name for name in names})
+    in_task = list(dict.fromkeys(finder.occurrences(instruction)))
+    others = [name for name in names if name not in in_task]
+    mapping = {name: TASK_OBJECT.format(number) for number, name in enumerate(in_task, 1)}
+    mapping.update({name: OTHER_OBJECT.format(number) for number, name in enumerate(others, 1)})
+    return mapping
+
+
+@dataclass(frozen=True)
+class PolicyInput:
+    """One decision as the policy model sees it: `candidates[i]` is `actions[i]` renamed."""
+
+    prompt: str
+    candidates: tuple[str, ...]  # the texts scored
+    actions: tuple[str, ...]     # the real actions, in the same order
+    mapping: dict[str, str]      # real name -> placeholder ({} without placeholders)
+
+    def rename(self, action: str) -> str:
+        """An action (e.g. a training label) as the model reads it."""
+        return Renamer(self.mapping).text(action)
+
+    def restore(self, text: str) -> str:
+        """A text the model wrote (mode generate) with the real names back."""
+        return Renamer({placeholder: name for name, placeholder in self.mapping.items()}).text(text)
+
+
+def policy_input(instruction: str, recent_actions: Sequence[str], state: str, history: int,
+                 kept: frozenset[str] | None, list_actions: bool = True) -> PolicyInput:
+    """The prompt and candidates of one decision: the last `history` actions taken, and with
+    `kept` (placeholders on) every other game-specific object renamed."""
+    recent = list(recent_actions[-history:]) if history else []
+    actions = parse_state(state).actions or ("look",)
+    if kept is None:
+        return PolicyInput(policy_prompt(instruction, recent, state, list_actions), tuple(actions),
+                           tuple(actions), {})
+    mapping = object_placeholders(kept, instruction, state)
+    renamer = Renamer(mapping)
+    prompt = policy_prompt(renamer.text(instruction), [renamer.text(action) for action in recent],
+                           renamer.state(state), list_actions)
+    return PolicyInput(prompt, tuple(renamer.text(action) for action in actions), tuple(actions), mapping)

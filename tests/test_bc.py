@@ -1,0 +1,100 @@
+"""Behaviour cloning on real TextWorld games: a cloned policy wins the games it learned from, and
+what BC trains is exactly what acting reads (the same prompt, the same candidates, the same
+distribution)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dreamgym.config import PolicyConfig
+from dreamgym.data.schema import read_transitions
+from dreamgym.evaluation import evaluate_policy
+from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
+from dreamgym.policy.model import Observation, load_policy
+
+# Small enough to clone three games in well under a minute on one thread.
+SMALL_POLICY = PolicyConfig(vocab_size=512, hidden_size=64, layers=2, heads=2, max_length=512,
+                            epochs=12, batch_size=16, learning_rate=2e-3)
+
+
+@pytest.fixture(scope="module")
+def rows(offline_dataset) -> list[dict]:
+    return read_transitions(offline_dataset).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def cloned(rows, tmp_path_factory):
+    kept = policy_kept_names(rows, SMALL_POLICY)
+    examples = bc_examples(rows, SMALL_POLICY, kept)
+    return train_bc(examples, SMALL_POLICY, tmp_path_factory.mktemp("bc"), seed=0, kept=kept, progress=False)
+
+
+def test_choice_loss_is_the_mean_negative_log_probability_of_the_labels():
+    distributions = [torch.log(torch.tensor([0.5, 0.25, 0.25])), torch.log(torch.tensor([0.1, 0.9]))]
+    expected = -(torch.log(torch.tensor(0.25)) + torch.log(torch.tensor(0.9))) / 2
+    assert float(choice_loss(distributions, [2, 1])) == pytest.approx(float(expected))
+    assert float(choice_loss([torch.tensor([0.0, -50.0])], [0])) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError):
+        choice_loss(distributions, [0])
+
+
+def test_every_real_step_is_an_example_labelled_with_the_expert(rows):
+    examples = bc_examples(rows, SMALL_POLICY, policy_kept_names(rows, SMALL_POLICY))
+    real = [row for row in rows if row["source"] == "real"]
+    assert len(examples) == len(real)  # lost episodes and random steps included, relabelled
+    relabelled = [row for row in real if row["action"] != row["expert_action"]]
+    assert relabelled, "the noisy expert's random steps"
+    assert all(e["candidates"][e["label"]] == e["completion"].strip() for e in examples)
+
+
+def test_bc_trains_exactly_the_distribution_acting_reads(rows, cloned):
+    """Each example's prompt and candidates are what the policy builds when it meets that state,
+    and its training loss is -log of the probability the acting distribution gives the label."""
+    policy = load_policy(cloned.model_dir)
+    kept = policy.kept_names
+    examples = bc_examples(rows, policy.config, kept)
+    episode = sorted((row for row in rows if row["trajectory_id"] == rows[0]["trajectory_id"]),
+                     key=lambda row: row["step"])
+    first = next(i for i, e in enumerate(examples) if e["prompt"] == policy.view(
+        Observation(episode[0]["instruction"], (), episode[0]["state"])).prompt)
+    taken: list[str] = []
+    for offset, row in enumerate(episode):
+        example = examples[first + offset]
+        view = policy.view(Observation(row["instruction"], tuple(taken), row["state"]))
+        assert (view.prompt, list(view.candidates)) == (example["prompt"], example["candidates"])
+        with torch.no_grad():
+            [distribution], _ = policy.log_probs([view.prompt], [view.candidates])
+            loss = choice_loss([distribution], [example["label"]])
+            [decision] = policy.act([Observation(row["instruction"], tuple(taken), row["state"])], greedy=True)
+        assert float(loss) == pytest.approx(-float(distribution[example["label"]]), abs=1e-6)
+        assert decision.prompt == example["prompt"] and decision.candidates == tuple(example["candidates"])
+        assert decision.logprob == pytest.approx(float(distribution[decision.chosen]), abs=1e-5)
+        taken.append(row["action"])
+
+
+def test_bc_wins_the_games_it_was_cloned_from(cloned, train_games):
+    report = evaluate_policy(load_policy(cloned.model_dir), train_games, 1, seed=0, max_steps=30, progress=False)
+    assert report.summary["success_rate"] >= 2 / 3, report.records
+    assert cloned.train_losses[-1][1] < cloned.train_losses[0][1] / 4
+
+
+def test_a_finished_bc_run_is_reused_and_another_run_in_its_folder_refused(rows, cloned):
+    kept = policy_kept_names(rows, SMALL_POLICY)
+    examples = bc_examples(rows, SMALL_POLICY, kept)
+    again = train_bc(examples, SMALL_POLICY, cloned.model_dir.parent, seed=0, kept=kept, progress=False)
+    assert again.reused and again.steps == cloned.steps
+    with pytest.raises(Exception, match="other examples or settings"):
+        train_bc(examples, dataclasses.replace(SMALL_POLICY, epochs=3), cloned.model_dir.parent, seed=0,
+                 kept=kept, progress=False)
+
+
+def test_the_untrained_policy_starts_from_the_weights_bc_starts_from(rows, tmp_path):
+    kept = policy_kept_names(rows, SMALL_POLICY)
+    examples = bc_examples(rows, SMALL_POLICY, kept)[:8]
+    first = initial_policy(examples, SMALL_POLICY, seed=1, kept=kept)
+    second = initial_policy(examples, SMALL_POLICY, seed=1, kept=kept)
+    for a, b in zip(first.model.parameters(), second.model.parameters()):
+        assert torch.equal(a, b)
