@@ -308,3 +308,21 @@ def test_pure_helpers_on_a_dataframe(records, traj):
     bad = find_bad_rows(df, CONFIG)
     assert bad == {traj[1]: [NOT_AVAILABLE]}
     assert quarantine_reasons(df, bad) == expected(traj, records, bad)
+
+
+def test_an_expert_action_the_state_does_not_offer_is_quarantined(tmp_path, rows, traj):
+    assert all(row["expert_action"] for row in rows), "collection records the expert's action"
+    rows[traj[1]]["expert_action"] = "fly to the moon"
+    check_one_bad_trajectory(tmp_path, rows, traj,
+                             {traj[1]: ["expert_action is not among the state's available actions"]},
+                             {"expert_action is not among the state's available actions": 1})
+
+
+def test_a_file_without_the_expert_action_column_reads_as_unlabelled(tmp_path, offline_dataset):
+    table = pq.read_table(offline_dataset).drop_columns(["expert_action"])
+    pq.write_table(table, tmp_path / "older.parquet")
+    read = read_transitions(tmp_path / "older.parquet")
+    assert read.column_names == pq.read_schema(offline_dataset).names
+    assert read["expert_action"].null_count == read.num_rows
+    result = validate_transitions(tmp_path / "older.parquet", CONFIG)
+    assert result.passed and result.quarantined_rows == 0
