@@ -310,7 +310,8 @@ class RLConfig:
     epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 2
     group_size: Annotated[int, _help("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
     max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 20
-    learning_rate: Annotated[float, _help("Adam learning rate of the RL updates.", gt=0)] = 1e-3
+    learning_rate: Annotated[float, _help("Adam learning rate of the RL updates (BC's own rate, 1e-3, "
+                                          "undoes the cloned policy in one update).", gt=0)] = 1e-4
     update_epochs: Annotated[int, _help("Passes over each epoch's rollouts.", ge=1)] = 2
     minibatch_size: Annotated[int, _help("Decisions per gradient step.", ge=1)] = 64
     clip: Annotated[float, _help("ε of the clipped probability ratio (and of PPO's value clip).",

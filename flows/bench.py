@@ -20,25 +20,35 @@ from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.benchmark import bench_plan, check_targets, machine, markdown, plot, row_result
 from dreamgym.config import config_to_dict, flatten, load_config
+from dreamgym.data.games import list_games
 from dreamgym.errors import DreamgymError
 from dreamgym.tracking import configure_services, experiment_id, git_commit
 from flows.ingest import ingest
 from flows.train_experience import train_experience
 from flows.train_policy import train_policy
 
+HELD_OUT_GAMES = 100
+
 
 @flow(name="dreamgym-bench")
 def bench(params: str, games: str, json_out: str, seeds: list[int] | None = None, real_budget: int | None = None,
-          rows: list[str] | None = None, overrides: dict[str, Any] | None = None) -> list[dict]:
-    """Train and evaluate every row of the plan for each seed; write JSON, Markdown and PNG beside
-    `json_out` and log them to the parent run. Returns the rows."""
+          rows: list[str] | None = None, overrides: dict[str, Any] | None = None,
+          held_out: int = HELD_OUT_GAMES) -> list[dict]:
+    """Train and evaluate every row of the plan for each seed on the first `held_out` games of
+    `games` (100 by default: a Wilson interval of about ±10 points, where make run's 40 give ±15);
+    write JSON, Markdown and PNG beside `json_out` and log them to the parent run. Returns the rows."""
     params_path = Path(params).resolve()
     project = params_path.parent
+    overrides = {**(overrides or {}), "evaluation.games": held_out}
     base = load_config(params_path, overrides)
     games_dir = Path(games).resolve()
     if not games_dir.is_dir():
         raise DreamgymError(f"--games {games}: no such folder; make held-out games with "
-                            "`dreamgym games --split test`")
+                            f"`dreamgym games --split test --count {held_out}`")
+    found = len(list_games(games_dir))
+    if found < held_out:
+        raise DreamgymError(f"--games {games} holds {found} games, the bench evaluates {held_out}; make them "
+                            f"with `dreamgym games --split test --count {held_out}` (or pass --held-out {found})")
     seeds = seeds or [base.seed]
     budget = real_budget or base.rl.real_budget
     plan = bench_plan(budget, rows)

@@ -19,8 +19,11 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
 
     project = make_project(tmp_path / "project", train_games, test_games)
     out = tmp_path / "bench" / "bench.json"
+    with pytest.raises(DreamgymError, match="holds 1 games, the bench evaluates 100"):
+        bench(str(project / "params.yaml"), str(project / "data" / "games" / "test"), str(out),
+              seeds=[0], real_budget=BUDGET, rows=ROWS, overrides=OVERRIDES)
     returned = bench(str(project / "params.yaml"), str(project / "data" / "games" / "test"), str(out),
-                     seeds=[0], real_budget=BUDGET, rows=ROWS, overrides=OVERRIDES)
+                     seeds=[0], real_budget=BUDGET, rows=ROWS, overrides=OVERRIDES, held_out=1)
     rows = json.loads(out.read_text())
     assert rows == json.loads(json.dumps(returned))
     assert [row["name"] for row in rows] == ROWS
