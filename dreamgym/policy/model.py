@@ -1,9 +1,10 @@
 """The agent: a causal LM that reads task, recent actions and state, and picks an action.
 
 The prompt and the texts of the candidate actions are made in one place, `dreamgym.policy.view`
-(with placeholders on, game-specific objects are renamed `obj1`, `other1`, ... there). An action is scored by the log-likelihood of its completion " <action><eos>" (the mean over its
-tokens by default, see `policy.action_score`), so behaviour cloning (TRL on prompt / completion
-pairs) trains exactly the quantity acting reads.
+(with placeholders on, game-specific objects are renamed `obj1`, `other1`, ... there). An action
+is scored by the log-likelihood of its completion " <action><eos>" (the mean over its tokens by
+default, see `policy.action_score`); behaviour cloning (`dreamgym.policy.bc`) trains the softmax
+over those scores, exactly the distribution acting samples from.
 
 Acting modes (`policy.mode`):
 - `choice` (default): every available action is scored by its log-likelihood and the action is
@@ -88,8 +89,8 @@ class Policy(nn.Module):
                  value_head: nn.Linear | None = None, kept_names: frozenset[str] | None = None):
         super().__init__()
         if config.placeholders and kept_names is None:
-            raise PolicyError("policy.placeholders needs the names that keep their text "
-                              "(policy.view.kept_names of the training data); pass kept_names")
+            raise PolicyError("policy.placeholders needs the names that keep their text: pass kept_names "
+                              "(dreamgym.policy.bc.policy_kept_names of the training data)")
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.value_head = value_head
         self.kept_names = kept_names if config.placeholders else None
