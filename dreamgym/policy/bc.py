@@ -152,6 +152,20 @@ def _schedule(step: int, total: int, warmup_ratio: float) -> float:
     return (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
 
 
+def _token_counts(examples: Sequence[dict], policy: Policy) -> tuple[int, int]:
+    """Tokens one pass over the examples reads (prompts and every candidate with its EOS), and how
+    many prompts lose their start to `max_length` (`Policy.score_actions` keeps room for the
+    longest candidate of the batch, so this is the least that are cut)."""
+    tokenizer, tokens, truncated = policy.tokenizer, 0, 0
+    for example in examples:
+        prompt = len(tokenizer(example["prompt"])["input_ids"])
+        actions = [len(tokenizer(action_completion(action), add_special_tokens=False)["input_ids"]) + 1
+                   for action in example["candidates"]]
+        tokens += prompt + sum(actions)
+        truncated += prompt > max(8, policy.config.max_length - max(actions))
+    return tokens, truncated
+
+
 def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Path, seed: int,
                   kept: frozenset[str] | None, progress: bool, log_to_mlflow: bool) -> TrainResult:
     started = time.perf_counter()
@@ -166,6 +180,7 @@ def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Pa
                                    reused=True)
 
     policy = initial_policy(examples, config, seed, kept).train()
+    tokens, truncated = _token_counts(examples, policy)
     if log_to_mlflow:
         import mlflow  # noqa: PLC0415 - slow import
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate)
@@ -196,10 +211,10 @@ def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Pa
             bar.update()
     policy.eval()
     model_dir = policy.save(output_dir / "model")
-    tokens = sum(len(policy.tokenizer(e["prompt"])["input_ids"]) for e in examples) * config.epochs
     seconds = time.perf_counter() - started
     result = TrainResult(model_dir=model_dir, steps=total, epochs=config.epochs, train_losses=losses,
-                         eval_losses=[], eval_loss=None, seconds=seconds, tokens_per_second=tokens / seconds,
-                         truncated=0, parameters=sum(p.numel() for p in policy.model.parameters()))
+                         eval_losses=[], eval_loss=None, seconds=seconds,
+                         tokens_per_second=tokens * config.epochs / seconds, truncated=truncated,
+                         parameters=sum(p.numel() for p in policy.model.parameters()))
     (model_dir / RESULT_FILE).write_text(result.to_json())
     return result

@@ -5,8 +5,8 @@ experience model grants for a step the game would refuse. Success in DreamEnv th
 success in the real game does not. `RealCheck` plays the tasks an epoch drew in their real games
 (those that have one: seed tasks, not the curriculum's written variations), with the same policy,
 temperature and group size as the dream rollouts, so that the two success rates compare like with
-like. These real transitions are measurements, never learned from, and counted apart from any
-real-transition budget.
+like. These real transitions are measurements, never learned from: they are logged per epoch
+(`real_check_transitions`) apart from any real-transition budget.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class RealCheck:
         self.make_env, self.real_task = make_env, real_task
         self.group_size, self.temperature, self.seed = group_size, temperature, seed
         self.envs: list[Env] = []
-        self.transitions = 0
 
     def __call__(self, policy: Policy, tasks: Sequence[Task], epoch: int) -> list[Episode]:
         """Episodes of each task that has a real game, `group_size` each (none: no real game)."""
@@ -42,10 +41,8 @@ class RealCheck:
         while len(self.envs) < len(slots):
             self.envs.append(self.make_env())
         generator = torch.Generator().manual_seed(self.seed * 100_019 + epoch)
-        episodes = play(policy, self.envs[:len(slots)], slots, generator=generator,
-                        temperature=self.temperature, budget=RealBudget(None))
-        self.transitions += sum(episode.steps for episode in episodes)
-        return episodes
+        return play(policy, self.envs[:len(slots)], slots, generator=generator,
+                    temperature=self.temperature, budget=RealBudget(None))
 
     def close(self) -> None:
         for env in self.envs:
@@ -63,7 +60,8 @@ def gap_metrics(dream: Sequence[Episode], real: Sequence[Episode]) -> dict[str, 
     dream_success = sum(episode.won for episode in same) / len(same)
     real_success = sum(episode.won for episode in real) / len(real)
     return {"dream_success_checked": dream_success, "real_success_rate": real_success,
-            "dream_real_gap": dream_success - real_success}
+            "dream_real_gap": dream_success - real_success,
+            "real_check_transitions": float(sum(episode.steps for episode in real))}
 
 
 def gap_warning(metrics: dict[str, float]) -> str | None:
