@@ -134,10 +134,10 @@ def games(
     from dreamgym.data.games import check_split, generate_games, plan_games  # noqa: PLC0415
 
     check_split(split)
-    config = _config(params, {"games.workers": workers})
+    config = _config(params, {"games.workers": workers, "seed": seed})
     if count is None:  # held-out splits (valid, test) share test_count
         count = config.games.train_count if split == "train" else config.games.test_count
-    seed = config.seed if seed is None else seed
+    seed = config.seed
     out = out or params.resolve().parent / config.paths.data_dir / "games" / split
     paths, made = generate_games(plan_games(config.games, split, count, seed), out,
                                  workers=config.games.workers)
@@ -235,7 +235,8 @@ def buffer_ingest(
     config = _config(params)
     read_transitions(file)  # a bad file is reported before any server starts
     with _open_buffer(params, config) as database:
-        result = ingest_file(database, file, config.buffer, data_version)
+        result = ingest_file(database, file, config.buffer, data_version,
+                             reward_range=(config.validation.reward_min, config.validation.reward_max))
     print(json.dumps({"inserted": result.inserted, "skipped": result.skipped}))
 
 

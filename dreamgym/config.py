@@ -35,6 +35,12 @@ def _help(text: str, **constraints: Any) -> Any:
     return Field(description=text, **constraints)
 
 
+# Game i of a split is made with seed * GAME_SEED_STRIDE + i (dreamgym.data.games), and tw-make
+# (numpy's RandomState) takes seeds below 2**32.
+GAME_SEED_STRIDE = 100_000
+MAX_SEED = (2**32 - GAME_SEED_STRIDE) // GAME_SEED_STRIDE
+
+
 @dataclass(config=_STRICT)
 class GamesConfig:
     """TextWorld cooking games (`tw-make tw-cooking`). Each game draws its settings from the lists."""
@@ -48,9 +54,9 @@ class GamesConfig:
     open: Annotated[bool, _help("Containers and doors must be opened.")] = True
     cook: Annotated[bool, _help("Some ingredients must be cooked.")] = True
     cut: Annotated[bool, _help("Some ingredients must be cut.")] = True
-    train_count: Annotated[int, _help("Training games (--split train).", ge=1)] = 40
+    train_count: Annotated[int, _help("Training games (--split train).", ge=1, lt=GAME_SEED_STRIDE)] = 40
     test_count: Annotated[int, _help("Held-out evaluation games (--split test: unseen foods and "
-                                     "preparations).", ge=0)] = 40
+                                     "preparations).", ge=0, lt=GAME_SEED_STRIDE)] = 40
     workers: Annotated[int, _help("Games compiled in parallel.", ge=1)] = 2
 
     def __post_init__(self) -> None:
@@ -373,7 +379,9 @@ class PathsConfig:
 class PipelineConfig:
     """Everything the pipeline reads; `params.yaml` mirrors this structure."""
 
-    seed: Annotated[int, _help("Seed for game generation, collection and training.", ge=0)] = 0
+    seed: Annotated[int, _help(f"Seed for game generation, collection and training (0 to {MAX_SEED}: game i "
+                               "of a split gets seed * 100000 + i, and tw-make takes seeds below 2**32).",
+                               ge=0, le=MAX_SEED)] = 0
     experiment: Annotated[str, _help("MLflow experiment name.", min_length=1)] = "dreamgym"
     paths: PathsConfig = dataclasses.field(default_factory=PathsConfig)
     games: GamesConfig = dataclasses.field(default_factory=GamesConfig)

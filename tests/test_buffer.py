@@ -183,7 +183,8 @@ def test_stats(filled, offline_rows):
     assert stats["transitions"] == len(offline_rows)
     assert stats["by_source_env"] == [{"source": "real", "env": "textworld", "transitions": len(offline_rows)}]
     assert stats["hnsw_index"] and stats["without_embedding"] == 0
-    assert stats["migrations"] == ["001_buffer", "002_embedding_inline", "003_expert_action"]
+    assert stats["migrations"] == ["001_buffer", "002_embedding_inline", "003_expert_action",
+                                  "004_finite_rewards"]
 
 
 def test_command_line(buffer_db, offline_dataset, offline_rows):

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dreamgym.config import ValidationConfig
-from dreamgym.data.schema import (METADATA_KEY, NULLABLE_SCHEMA, SchemaError, read_transitions, to_table,
-                                  write_transitions)
+from dreamgym.data.schema import (METADATA_KEY, NULLABLE_SCHEMA, SchemaError, content_hash, read_transitions,
+                                  to_table, write_transitions)
 from dreamgym.data.validation import (find_bad_rows, quarantine_reasons,
                                       validate_transitions)
 
@@ -48,8 +48,19 @@ def traj(trajectories) -> list[int]:
     return next(iter(trajectories.values()))
 
 
-def run(tmp_path, rows, config=CONFIG, schema=None):
-    """Write `rows`, validate them; the result and the quarantine as {row_index: reasons}."""
+def rehashed(row: dict) -> dict:
+    """The row with the content hash of its (corrupted) content, as a collector with that bug
+    would write it; a row whose content cannot be hashed (a null) keeps its hash."""
+    try:
+        return {**row, "content_hash": content_hash(row)}
+    except (TypeError, ValueError):
+        return row
+
+
+def run(tmp_path, rows, config=CONFIG, schema=None, rehash=True):
+    """Write `rows` (each with the hash of its content unless not `rehash`), validate them; the
+    result and the quarantine as {row_index: reasons}."""
+    rows = [rehashed(row) for row in rows] if rehash else rows
     table = pa.Table.from_pylist(rows, schema=schema) if schema else to_table(rows)
     source = tmp_path / "in.parquet"
     write_transitions(table, source)
@@ -69,8 +80,9 @@ def expected(trajectory_rows, records, direct):
     return {row: direct.get(row, [reason]) for row in trajectory_rows}
 
 
-def check_one_bad_trajectory(tmp_path, rows, traj, direct, reason_counts):
-    result, quarantine = run(tmp_path, rows)
+def check_one_bad_trajectory(tmp_path, rows, traj, direct, reason_counts, rehash=True):
+    result, quarantine = run(tmp_path, rows, rehash=rehash)
+    rows = [rehashed(row) for row in rows] if rehash else rows
     assert quarantine == expected(traj, rows, direct)
     assert result.reasons == reason_counts
     assert (result.rows, result.quarantined_rows, result.valid_rows) == \
@@ -114,11 +126,25 @@ def test_empty_action(tmp_path, rows, traj):
                              {"action is empty": 1, NOT_AVAILABLE: 1})
 
 
-@pytest.mark.parametrize("reward", [10.5, -2.0, float("inf")])
+@pytest.mark.parametrize("reward", [10.5, -2.0])
 def test_reward_out_of_range(tmp_path, rows, traj, reward):
     rows[traj[2]]["reward"] = reward
     check_one_bad_trajectory(tmp_path, rows, traj, {traj[2]: ["reward outside [-1, 10]"]},
                              {"reward outside [-1, 10]": 1})
+
+
+@pytest.mark.parametrize("reward", [float("inf"), float("nan")])
+def test_a_reward_that_is_not_a_number_is_named_so_not_null(tmp_path, rows, traj, reward):
+    rows[traj[2]]["reward"] = reward
+    reasons = ["reward outside [-1, 10]", "reward is not a finite number"]
+    check_one_bad_trajectory(tmp_path, rows, traj, {traj[2]: reasons}, dict.fromkeys(reasons, 1))
+
+
+def test_a_content_hash_that_is_not_the_rows_own_is_quarantined(tmp_path, rows, traj):
+    rows[traj[1]]["action"] = rows[traj[1]]["expert_action"] or rows[traj[1]]["action"]
+    rows[traj[1]]["reward"] = rows[traj[1]]["reward"] + 0.5  # edited after the hash was computed
+    check_one_bad_trajectory(tmp_path, rows, traj, {traj[1]: ["content_hash is not the hash of the row's content"]},
+                             {"content_hash is not the hash of the row's content": 1}, rehash=False)
 
 
 def test_null_values_are_quarantined_not_fatal(tmp_path, rows, traj):
@@ -291,13 +317,13 @@ def test_report_holds_the_gx_result(tmp_path, rows, traj):
 
     report = json.loads((tmp_path / "report.json").read_text(), parse_constant=not_json)
     assert report["dreamgym"]["quarantined_rows"] == len(traj)
-    assert report["dreamgym"]["reasons"] == {"reward outside [-1, 10]": 1}
+    assert report["dreamgym"]["reasons"] == {"reward outside [-1, 10]": 1, "reward is not a finite number": 1}
     gx = report["great_expectations"]
     assert gx["success"] is False
-    failed = [r for r in gx["results"] if not r["success"]]
-    assert [r["expectation_config"]["kwargs"]["column"] for r in failed] == ["reward"]
-    assert failed[0]["result"]["unexpected_index_list"] == [traj[2]]
-    assert failed[0]["result"]["unexpected_list"] == ["inf"]
+    failed = {r["expectation_config"]["kwargs"]["column"]: r["result"] for r in gx["results"] if not r["success"]}
+    assert set(failed) == {"reward", "check_reward_finite"}
+    assert failed["reward"]["unexpected_index_list"] == failed["check_reward_finite"]["unexpected_index_list"] == [traj[2]]
+    assert failed["reward"]["unexpected_list"] == ["inf"]
     assert len(gx["results"]) == len(report["dreamgym"]["checks"])
 
 
@@ -305,6 +331,7 @@ def test_pure_helpers_on_a_dataframe(records, traj):
     df = to_table(records).to_pandas()
     assert find_bad_rows(df, CONFIG) == {}
     df.loc[traj[1], "action"] = "sing"
+    df.loc[traj[1], "content_hash"] = content_hash(df.loc[traj[1]].to_dict())
     bad = find_bad_rows(df, CONFIG)
     assert bad == {traj[1]: [NOT_AVAILABLE]}
     assert quarantine_reasons(df, bad) == expected(traj, records, bad)

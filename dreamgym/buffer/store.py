@@ -13,8 +13,12 @@ is one transaction that drops the index, inserts, and builds the index again (CO
 rows/s and a build is much cheaper than as many inserts); a crash in either leaves whole
 transactions only.
 
-Embeddings are computed only for content hashes not stored yet, and checked (size, finite)
-before anything of their transaction is written.
+Every row is checked against the transition contract (`data/contract.py`: finite reward, a
+content hash that is the row's own, ...) before anything is written: whoever calls, a bad row is
+refused with its reason, never stored and never skipped as "already there". Embeddings are
+computed only for content hashes not stored yet, and checked (size, finite) before anything of
+their transaction is written. An error the database raises anyway (a constraint of the schema) is
+reported in one line naming the constraint, never with the row it was given.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from tqdm import tqdm
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import check_embeddings, lazy_embedder, transition_text
 from dreamgym.config import BufferConfig
+from dreamgym.data.contract import check_contract
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.errors import DreamgymError
 
@@ -49,6 +54,10 @@ HNSW_INDEX = "transitions_embedding_hnsw"  # its definition lives in sql/001_buf
 _EMBED_CHUNK = 256  # texts per embed call: progress moves every few seconds on a CPU
 
 Embed = Callable[[list[str]], np.ndarray]
+
+
+class BufferWriteError(DreamgymError):
+    """The database refused a load (nothing of its transaction was written)."""
 
 
 @dataclass(frozen=True)
@@ -118,11 +127,23 @@ def _in_transaction(database: Database, work: Callable) -> int:
                     connection.connection.driver_connection.cursor() as cursor:
                 return work(cursor)
         except Exception as error:  # noqa: BLE001 - only deadlocks are retried
+            cause = getattr(error, "orig", error)
             attempt += 1
-            if not isinstance(getattr(error, "orig", error), pg_errors.DeadlockDetected) \
-                    or attempt == _DEADLOCK_RETRIES:
+            if isinstance(cause, pg_errors.IntegrityError):
+                raise _refused(cause) from None
+            if not isinstance(cause, pg_errors.DeadlockDetected) or attempt == _DEADLOCK_RETRIES:
                 raise
             time.sleep(0.05 * attempt)
+
+
+def _refused(error: pg_errors.IntegrityError) -> BufferWriteError:
+    """The database's refusal in one line: the constraint and table, never the row (its text and
+    embedding would fill the screen, and a row may hold what a log should not)."""
+    diagnostic = error.diag
+    what = diagnostic.constraint_name or type(error).__name__
+    return BufferWriteError(f"the buffer refused the load ({type(error).__name__} on {diagnostic.table_name}: "
+                            f"{what}); nothing of it was written. Run `dreamgym validate` on the file "
+                            "and ingest the clean rows it writes")
 
 
 def _load_in_bulk(cursor, rows: list[dict], vectors: np.ndarray, data_version: str | None,
@@ -160,8 +181,10 @@ def _embed_chunks(embed: Embed, rows: list[dict], dim: int, bar: tqdm) -> np.nda
 def upsert_transitions(database: Database, table: pa.Table, *, embed: Embed | None = None,
                        embeddings: np.ndarray | None = None, data_version: str | None = None,
                        batch_rows: int = 2000, bulk_load_fraction: float = 0.2,
-                       index_build_memory: str = "1GB", progress: bool = False) -> UpsertResult:
-    """Insert the table's transitions that the buffer does not hold yet.
+                       index_build_memory: str = "1GB", progress: bool = False,
+                       reward_range: tuple[float, float] | None = None) -> UpsertResult:
+    """Insert the table's transitions that the buffer does not hold yet; `ContractError` when any
+    row breaks the transition contract (with rewards in `reward_range`, when given).
 
     Give either `embed` (texts -> vectors, called only for new rows) or `embeddings`
     (precomputed, one row per table row, all checked before anything is written). When the new
@@ -174,6 +197,7 @@ def upsert_transitions(database: Database, table: pa.Table, *, embed: Embed | No
     started = time.perf_counter()
     dim = embedding_dim(database)
     rows = table.to_pylist()
+    check_contract(rows, reward_range)
     if embeddings is not None:
         embeddings = check_embeddings(embeddings, dim, len(rows))
     new = _new_rows(database, rows, batch_rows)
@@ -201,13 +225,14 @@ def upsert_transitions(database: Database, table: pa.Table, *, embed: Embed | No
 
 
 def ingest_file(database: Database, path, config: BufferConfig, data_version: str | None = None,
-                progress: bool = True) -> UpsertResult:
+                progress: bool = True, reward_range: tuple[float, float] | None = None) -> UpsertResult:
     """Upsert a transitions Parquet file, embedding its new rows with the configured encoder."""
     return upsert_transitions(database, read_transitions(path),
                               embed=lazy_embedder(config.encoder, config.encode_batch_size),
                               data_version=data_version, batch_rows=config.upsert_batch_rows,
                               bulk_load_fraction=config.bulk_load_fraction,
-                              index_build_memory=config.index_build_memory, progress=progress)
+                              index_build_memory=config.index_build_memory, progress=progress,
+                              reward_range=reward_range)
 
 
 def write_back(database: Database, rows: Sequence[dict], config: BufferConfig,

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dreamgym.config import SPLITS, GamesConfig
+from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
 from dreamgym.envs.textworld_env import check_game_file
 from dreamgym.errors import DreamgymError
 
 GAME_SUFFIXES = (".z8", ".json", ".ni")
-SEED_STRIDE = 100_000
+SEED_STRIDE = GAME_SEED_STRIDE
 
 
 class GameGenerationError(DreamgymError):
@@ -73,8 +73,11 @@ def check_split(split: str) -> str:
 def plan_games(config: GamesConfig, split: str, count: int, seed: int) -> list[GameSpec]:
     """The specs of games 0..count-1 of a split: deterministic for (config, split, count, seed)."""
     check_split(split)
-    if count < 0:
-        raise DreamgymError(f"game count must be zero or more, got {count}")
+    if not 0 <= count <= SEED_STRIDE:
+        raise DreamgymError(f"game count must be 0 to {SEED_STRIDE}, got {count}")
+    if not 0 <= seed <= MAX_SEED:
+        raise DreamgymError(f"seed {seed} is out of range: use 0 to {MAX_SEED} (game i gets seed * "
+                            f"{SEED_STRIDE} + i, and tw-make takes seeds below 2**32)")
     specs = []
     for index in range(count):
         game_seed = seed * SEED_STRIDE + index

@@ -99,6 +99,15 @@ def write_transitions(table: pa.Table, path: str | Path) -> Path:
     return path
 
 
+# The same values in another Arrow encoding: pandas writes strings back as large_string, and a
+# data tool should not refuse a clean file for how it was written. Read as the schema's types.
+_EQUIVALENT_TYPES = {pa.large_string(): pa.string()}
+
+
+def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
+    return found.equals(expected) or _EQUIVALENT_TYPES.get(found, found).equals(expected)
+
+
 def check_columns(schema: pa.Schema, path: str | Path) -> None:
     """Raise a `SchemaError` naming every missing column or wrong type."""
     missing = [name for name in COLUMNS if name not in schema.names and name not in OPTIONAL_COLUMNS]
@@ -107,7 +116,7 @@ def check_columns(schema: pa.Schema, path: str | Path) -> None:
                           f"all of: {', '.join(COLUMNS)}")
     wrong = [f"{field.name} is {schema.field(field.name).type} (expected {field.type})"
              for field in TRANSITION_SCHEMA
-             if field.name in schema.names and not schema.field(field.name).type.equals(field.type)]
+             if field.name in schema.names and not _same_type(schema.field(field.name).type, field.type)]
     if wrong:
         raise SchemaError(f"{path}: wrong column types: {'; '.join(wrong)}")
 
@@ -126,7 +135,14 @@ def read_transitions(path: str | Path, allow_nulls: bool = False) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as error:
         raise SchemaError(f"{path} is not a readable Parquet file ({error})") from None
     check_columns(schema, path)
-    table = pq.read_table(path, columns=[name for name in COLUMNS if name in schema.names])
+    try:
+        table = pq.read_table(path, columns=[name for name in COLUMNS if name in schema.names])
+    except (pa.ArrowException, OSError) as error:  # a damaged page: the footer read, the data did not
+        raise SchemaError(f"{path}: its data cannot be read ({error}); the file is damaged: collect it "
+                          "again (dreamgym collect) or restore it (dvc checkout)") from None
+    table = table.cast(pa.schema([table.schema.field(name).with_type(
+        _EQUIVALENT_TYPES.get(table.schema.field(name).type, table.schema.field(name).type))
+        for name in table.schema.names]))
     for name in OPTIONAL_COLUMNS:
         if name not in schema.names:
             table = table.add_column(COLUMNS.index(name), TRANSITION_SCHEMA.field(name).with_nullable(True),

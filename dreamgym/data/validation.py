@@ -15,7 +15,8 @@ A transitions file is checked in two layers:
   abstract state format; on TextWorld the action, and the expert's action where recorded, is one
   of the state's available actions (the collector only plays admissible actions and the game's
   walkthrough only admissible commands, so anything else is corruption); no content_hash
-  repeats an earlier row's. A repeated row is judged only as a duplicate: the trajectory checks
+  repeats an earlier row's, and each is the hash of its row's content; the reward is a finite
+  number. A repeated row is judged only as a duplicate: the trajectory checks
   run on the first copies, so that one re-ingested row does not also read as a broken chain.
 
 Great Expectations decides which rows fail (result format COMPLETE lists their indices); each
@@ -36,12 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dreamgym.config import ValidationConfig
-from dreamgym.data.schema import (METADATA_KEY, NULLABLE_SCHEMA, SOURCES, TRANSITION_SCHEMA,
+from dreamgym.data.contract import hash_matches
+from dreamgym.data.schema import (CONTENT_FIELDS, METADATA_KEY, NULLABLE_SCHEMA, SOURCES, TRANSITION_SCHEMA,
                                   read_transitions, write_transitions)
 from dreamgym.errors import DreamgymError
 from dreamgym.state import StateParseError, parse_state
@@ -60,6 +64,8 @@ DERIVED_CHECKS = {
     "check_action_available": "action is not among the state's available actions",
     "check_expert_action_available": "expert_action is not among the state's available actions",
     "check_unique_content_hash": "duplicate content_hash",
+    "check_content_hash_matches": "content_hash is not the hash of the row's content",
+    "check_reward_finite": "reward is not a finite number",
 }
 TRAJECTORY_REASON = "trajectory has invalid rows"
 
@@ -152,6 +158,12 @@ def derive_checks(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Series]]
         not is_tw or pd.isna(expert) or _action_available(state, expert)
         for is_tw, state, expert in zip(textworld, frame["state"], frame["expert_action"])]
     frame["check_unique_content_hash"] = ~duplicate
+    content = frame[list(CONTENT_FIELDS) + ["content_hash"]]
+    frame["check_content_hash_matches"] = [
+        # a null, or a reward that is not finite, is reported as such, not also as a hash mismatch
+        any(pd.isna(value) for value in row.values()) or not math.isfinite(row["reward"]) or hash_matches(row)
+        for row in content.to_dict("records")]
+    frame["check_reward_finite"] = frame["reward"].isna() | np.isfinite(frame["reward"].astype(float))
 
     first_row = pd.Series(first.index, index=first["content_hash"])
     first_row = first_row[~first_row.index.duplicated()]
@@ -293,6 +305,10 @@ def validate_transitions(path: str | Path, config: ValidationConfig,
     table = read_transitions(path, allow_nulls=True)
     metadata = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
     df = table.to_pandas()
+    # pandas reads a NaN reward as missing, which the suite would call null; it is a value that is
+    # not finite. Infinity stands for it in the checked copy (the files written come from `table`).
+    nan_reward = pc.fill_null(pc.is_nan(table["reward"]), False).to_numpy(zero_copy_only=False)
+    df.loc[nan_reward, "reward"] = math.inf
     direct, counts, gx_result = _direct_reasons(df, config)
     quarantined = quarantine_reasons(df, direct)
     rows = table.num_rows
