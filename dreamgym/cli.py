@@ -14,9 +14,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer._click.exceptions import UsageError  # typer 0.29 vendors click and does not re-export it
 from rich.table import Table
 
-from dreamgym.config import PipelineConfig, load_config
+from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, PipelineConfig, load_config
 from dreamgym.errors import DreamgymError
 
 # Help texts are plain text: with rich markup on, their "[default: key]" notes were eaten as tags.
@@ -92,7 +93,7 @@ def bench(
     json_out: Annotated[Path, typer.Option("--json", help="Where to write the rows (JSON; the Markdown "
                                                           "table and PNG go beside it).")],
     seeds: Annotated[str | None, typer.Option(help="Comma-separated training seeds [default: params seed].")] = None,
-    real_budget: Annotated[int | None, typer.Option(help="N: real transitions of real-env RL (S2R gets N/10) "
+    real_budget: Annotated[int | None, typer.Option(min=1, help="N: real transitions of real-env RL (S2R gets N/10) "
                                                          "[default: rl.real_budget].")] = None,
     rows: Annotated[str | None, typer.Option(help="Comma-separated rows to run [default: all: bc, real-grpo, "
                                                   "real-ppo, dreamgym-grpo, dreamgym-ppo, dreamgym-s2r-grpo, "
@@ -123,11 +124,11 @@ def bench(
 @app.command()
 def games(
     split: Annotated[str, typer.Option(help="train, valid or test (tw-cooking's food splits).")] = "train",
-    count: Annotated[int | None, typer.Option(help="Games to make [default: games.train_count, or "
+    count: Annotated[int | None, typer.Option(min=0, max=GAME_SEED_STRIDE, help="Games to make [default: games.train_count, or "
                                                                 "games.test_count for held-out splits].")] = None,
-    seed: Annotated[int | None, typer.Option(help="Base seed [default: params seed].")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Base seed [default: params seed].")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder [default: <data_dir>/games/<split>].")] = None,
-    workers: Annotated[int | None, typer.Option(help="Parallel tw-make processes.")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Parallel tw-make processes.")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Generate TextWorld cooking games (skips those that exist)."""
@@ -148,12 +149,12 @@ def games(
 def collect(
     games: Annotated[Path, typer.Option("--games", help="Folder of .z8 games.")],
     out: Annotated[Path, typer.Option(help="Output Parquet file.")],
-    episodes_per_game: Annotated[int | None, typer.Option(help="Episodes per game.")] = None,
+    episodes_per_game: Annotated[int | None, typer.Option(min=1, help="Episodes per game.")] = None,
     policy: Annotated[str | None, typer.Option(help="expert, noisy-expert or random.")] = None,
-    epsilon: Annotated[float | None, typer.Option(help="Random-action rate of noisy-expert.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed [default: params seed].")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Step limit per episode.")] = None,
-    workers: Annotated[int | None, typer.Option(help="Parallel processes.")] = None,
+    epsilon: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Random-action rate of noisy-expert.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed [default: params seed].")] = None,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode.")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Parallel processes.")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Play episodes on every game of a folder and write transitions to Parquet."""
@@ -175,7 +176,7 @@ def validate(
     file: Annotated[Path, typer.Argument(help="Transitions Parquet file.")],
     quarantine: Annotated[Path | None, typer.Option(help="Where to write quarantined rows with "
                                                          "their reasons.")] = None,
-    max_bad_fraction: Annotated[float | None, typer.Option(help="Largest quarantined fraction "
+    max_bad_fraction: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Largest quarantined fraction "
                                                                "that passes.")] = None,
     report: Annotated[Path | None, typer.Option(help="Great Expectations result (JSON).")] = None,
     clean: Annotated[Path | None, typer.Option(help="Where to write the rows that passed.")] = None,
@@ -196,7 +197,7 @@ def validate(
 @app.command("check-env")
 def check_env_command(
     games: Annotated[Path, typer.Option("--games", help="Folder of .z8 games.")],
-    max_steps: Annotated[int | None, typer.Option(help="Step limit per episode.")] = None,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode.")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Run the environment conformance check on the TextWorld adapter over a folder of games."""
@@ -245,11 +246,11 @@ def buffer_query(
     task: Annotated[str, typer.Option(help="A task id in the buffer, or a task instruction.")],
     state: Annotated[str, typer.Option(help="The abstract state text.")],
     action: Annotated[str, typer.Option(help="The action.")],
-    k: Annotated[int | None, typer.Option("-k", "--k", help="Neighbours [default: buffer.top_k].")] = None,
+    k: Annotated[int | None, typer.Option("-k", "--k", min=1, help="Neighbours [default: buffer.top_k].")] = None,
     env: Annotated[str | None, typer.Option(help="Only this environment.")] = None,
     source: Annotated[str | None, typer.Option(help="Only real or synthetic transitions.")] = None,
     exclude_task: Annotated[bool, typer.Option(help="Leave out the query's own task.")] = False,
-    ef_search: Annotated[int | None, typer.Option(help="HNSW ef_search [default: buffer.ef_search].")] = None,
+    ef_search: Annotated[int | None, typer.Option(min=1, help="HNSW ef_search [default: buffer.ef_search].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
@@ -314,7 +315,7 @@ def experience_eval(
     json_out: Annotated[Path, typer.Option("--json", help="Where to write the fidelity report.")],
     model: Annotated[str, typer.Option(help="A model folder, models:/name/version, models:/name@alias, "
                                             "or a registered name (its latest version).")] = "dreamgym-experience",
-    eval_games: Annotated[int | None, typer.Option(help="Games to use, 0 for all [default: "
+    eval_games: Annotated[int | None, typer.Option(min=0, help="Games to use, 0 for all [default: "
                                                         "experience.eval_games].")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
@@ -382,10 +383,10 @@ def policy_eval(
                                              "first evaluation.games of them, sorted (0: all).")],
     json_out: Annotated[Path, typer.Option("--json", help="Where to write the report; the per-episode "
                                                           "table goes beside it as <name>.episodes.csv.")],
-    episodes_per_game: Annotated[int | None, typer.Option(help="Episodes per game [default: "
+    episodes_per_game: Annotated[int | None, typer.Option(min=1, help="Episodes per game [default: "
                                                                "evaluation.episodes_per_game].")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the sampled actions [default: params seed].")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Step limit per episode [default: "
+    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed of the sampled actions [default: params seed].")] = None,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode [default: "
                                                        "evaluation.max_steps].")] = None,
     sample: Annotated[bool | None, typer.Option("--sample/--greedy", help="Sample actions (seeded) or take "
                                                                         "the most likely [default: "
@@ -397,6 +398,7 @@ def policy_eval(
 
     from dreamgym.evaluation import (  # noqa: PLC0415
         episodes_path, evaluate_policy, held_out_games, log_evaluation, write_episodes, write_json)
+    from dreamgym.envs.textworld_env import load_task  # noqa: PLC0415
     from dreamgym.policy.model import load_policy  # noqa: PLC0415
     from dreamgym.registry import resolve_model  # noqa: PLC0415
     from dreamgym.tracking import configure_services, experiment_id, git_commit  # noqa: PLC0415
@@ -411,6 +413,8 @@ def policy_eval(
     if not policy.startswith("models:/") and "/" in policy and not Path(policy).is_dir():  # a path, not a name
         raise DreamgymError(f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
                             "give a registered one, e.g. models:/dreamgym-policy@champion")
+    for game in game_files:  # a damaged game is reported before a run is opened, not as a FAILED run
+        load_task(game)
     configure_services(run_dir)
     policy_dir, label = resolve_model(policy, run_dir / "models")
     agent = load_policy(policy_dir, config.policy)
@@ -463,7 +467,7 @@ def promote(
 @app.command()
 def serve(
     name: Annotated[str, typer.Option("--name", help="Deployment of prefect.yaml to serve.")] = "nightly",
-    port: Annotated[int, typer.Option(help="Port of the local Prefect server started when "
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the local Prefect server started when "
                                            "PREFECT_API_URL is unset.")] = 4200,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
@@ -505,10 +509,20 @@ def serve(
 
 def main() -> None:
     try:
-        app()
+        sys.exit(app(standalone_mode=False))
     except DreamgymError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except UsageError as error:  # a bad option or value: one line, like every other bad input
+        names, context = [], error.ctx
+        while context is not None and context.parent is not None:  # the root's name is how it was started
+            names.append(context.info_name)
+            context = context.parent
+        command = " ".join(["dreamgym", *reversed(names)])
+        print(f"error: {error.format_message()} (see `{command} --help`)", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:  # Ctrl-C at a prompt
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,9 @@ def model_version(client, reference: str):
     latest version) reference names."""
     from mlflow.exceptions import MlflowException  # noqa: PLC0415
 
+    if reference.startswith("models:") and not reference.startswith("models:/"):
+        raise RegistryError(f"{reference!r} is not a model URI: write models:/NAME/VERSION or models:/NAME@ALIAS "
+                            f"(e.g. models:/{reference.removeprefix('models:').strip('/')}@champion)")
     body = reference.removeprefix("models:/")
     try:
         if "@" in body:
@@ -77,10 +80,13 @@ def model_version(client, reference: str):
                                                 max_results=1)
     except MlflowException as error:
         raise RegistryError(f"model {reference!r} not found in the MLflow registry "
-                            f"({error.message}); give a model folder or models:/name/version") from None
+                            f"({error.message}); name a registered version: models:/NAME/VERSION or "
+                            "models:/NAME@ALIAS") from None
     if not versions:
-        raise RegistryError(f"no registered versions of {body!r}; train one first "
-                            "(dreamgym run, or flows/train_experience.py)")
+        names = sorted(model.name for model in client.search_registered_models())
+        known = f"registered models: {', '.join(names)}" if names else "nothing is registered yet: `dreamgym run` " \
+            "registers the experience model and the policy"
+        raise RegistryError(f"no registered versions of {body!r} ({known})")
     return versions[0]
 
 

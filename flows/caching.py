@@ -93,3 +93,28 @@ def stage_key(*, sections: tuple[str, ...] = (), params: tuple[str, ...] = (), f
                 return None
         return digest
     return key
+
+
+class Stages:
+    """Calls a flow's versioned tasks and remembers which ones Prefect answered from its cache, so
+    that a run can say what it did itself and what an earlier run did (a cache hit's result holds
+    the earlier run's figures: rows it inserted, seconds it took)."""
+
+    def __init__(self) -> None:
+        self.cached: list[str] = []
+
+    def run(self, task, *args, **kwargs) -> Any:
+        state = task(*args, return_state=True, **kwargs)
+        result = state.result()  # raises what the task raised
+        if state.name == "Cached":
+            self.cached.append(task.name)
+        return result
+
+    def was_cached(self, task) -> bool:
+        return task.name in self.cached
+
+    def tag(self) -> None:
+        """Tag the active MLflow run: `dreamgym.cached_stages` lists the tasks an earlier run did."""
+        import mlflow  # noqa: PLC0415
+
+        mlflow.set_tag("dreamgym.cached_stages", ",".join(self.cached) or "none")

@@ -36,7 +36,7 @@ from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.errors import DreamgymError
 from dreamgym.tracking import experiment_id, git_commit
-from flows.caching import stage_key
+from flows.caching import Stages, stage_key
 
 TRAJECTORIES_FILE = "trajectories/offline.parquet"
 
@@ -126,16 +126,18 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
                                           config.games.train_count, config.seed, config.games)
         test_games = generate_games_task(str(data_dir / "games" / "test"), "test",
                                          config.games.test_count, config.seed, config.games)
-        collection = collect_task(train_games, str(data_dir / TRAJECTORIES_FILE), settings,
-                                  config.collect.workers, run.info.run_id)
+        stages = Stages()
+        collection = stages.run(collect_task, train_games, str(data_dir / TRAJECTORIES_FILE), settings,
+                                config.collect.workers, run.info.run_id)
         mlflow.log_metrics({"train_games": len(train_games), "test_games": len(test_games),
                             "collect_transitions": collection.transitions,
                             "collect_trajectories": collection.trajectories,
                             "collect_success_rate": collection.success_rate,
-                            "collect_mean_steps": collection.mean_steps,
-                            "collect_seconds": collection.seconds})
+                            "collect_mean_steps": collection.mean_steps})
+        if not stages.was_cached(collect_task):  # work this run did, not an earlier run's
+            mlflow.log_metric("collect_seconds", collection.seconds)
 
-        validation = validate_task(collection.path, str(outputs_dir), config.validation)
+        validation = stages.run(validate_task, collection.path, str(outputs_dir), config.validation)
         mlflow.log_metrics({"validation_rows": validation.rows,
                             "validation_quarantined_rows": validation.quarantined_rows,
                             "validation_bad_fraction": validation.bad_fraction,
@@ -150,26 +152,30 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
                 f"validation.max_bad_fraction={config.validation.max_bad_fraction:g}; see "
                 f"{validation.quarantine_path} for the rows and reasons")
 
-        version = version_task(str(project), str(data_dir))
+        version = stages.run(version_task, str(project), str(data_dir))
         mlflow.set_tag("dreamgym.data_md5", version.md5)
         log_dataset(validation.clean_path, version.md5, version.dvc_file)
 
-        upserted = upsert_task(validation.clean_path, version.md5,
-                               str(project / config.paths.run_dir), config.buffer)
-        mlflow.log_metrics({"buffer_inserted": upserted.inserted, "buffer_skipped": upserted.skipped,
-                            "buffer_upsert_seconds": upserted.seconds})
+        upserted = stages.run(upsert_task, validation.clean_path, version.md5,
+                              str(project / config.paths.run_dir), config.buffer)
+        if not stages.was_cached(upsert_task):
+            mlflow.log_metrics({"buffer_inserted": upserted.inserted, "buffer_skipped": upserted.skipped,
+                                "buffer_upsert_seconds": upserted.seconds})
+        stages.tag()
 
         summary = {
             "mlflow_run_id": run.info.run_id,
             "data_md5": version.md5,
             "dvc_file": version.dvc_file,
-            "data_changed": version.changed,
+            # A cached versioning step means the data is what an earlier run versioned: unchanged.
+            "data_changed": version.changed and not stages.was_cached(version_task),
+            "cached_stages": stages.cached,
             "train_games": len(train_games),
             "test_games": len(test_games),
             "collection": asdict(collection),
             "validation": asdict(validation),
             "validated_path": validation.clean_path,
-            "buffer": asdict(upserted),
+            "buffer": asdict(upserted) | {"cached": stages.was_cached(upsert_task)},
             "test_games_dir": str(data_dir / "games" / "test"),
         }
         create_markdown_artifact(key="ingest-summary", markdown=markdown_table("Ingest", summary_rows(summary)),
@@ -189,7 +195,10 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
          f"{collection['transitions']} / {collection['trajectories']} ({how})"),
         ("success rate in the data", f"{collection['success_rate']:.1%}"),
         ("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})"),
-        ("buffer rows inserted / already there", f"{buffer['inserted']} / {buffer['skipped']}"),
+        ("buffer rows inserted / already there",
+         f"nothing this run: cached (an earlier run inserted {buffer['inserted']})" if buffer.get("cached")
+         else f"{buffer['inserted']} / {buffer['skipped']}"),
+        ("stages done by an earlier run (cached)", ", ".join(summary.get("cached_stages", [])) or "none"),
         ("MLflow run", summary["mlflow_run_id"]),
     ]
 

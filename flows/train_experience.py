@@ -38,7 +38,7 @@ from dreamgym.experience.report import log_fidelity
 from dreamgym.experience.train import plot_losses, train_sft
 from dreamgym.registry import register_model_dir
 from dreamgym.tracking import experiment_id, git_commit
-from flows.caching import stage_key
+from flows.caching import Stages, stage_key
 from flows.ingest import log_dataset, markdown_table
 
 MODEL_NAME = "dreamgym-experience"
@@ -118,14 +118,16 @@ def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: 
                          "dreamgym.data_md5": data_md5, "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
         mlflow.log_params(flatten(config_to_dict(config)))
         log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
-        examples = examples_task(ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
+        stages = Stages()
+        examples = stages.run(examples_task, ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
         model_key = Path(examples).stem.removeprefix("examples-") + f"-{_training_key(config)}"
-        trained = train_task(examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)
+        trained = stages.run(train_task, examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)
         mlflow.log_artifact(str(plot_losses(trained, out_dir / f"model-{model_key}" / "loss.png")),
                             artifact_path="experience")
-        real = real_transitions_task(ingest_summary["test_games_dir"], str(out_dir / "fidelity_real.parquet"),
-                                     config)
-        fidelity = evaluate_task(str(trained.model_dir), real, run_dir, config)
+        real = stages.run(real_transitions_task, ingest_summary["test_games_dir"],
+                          str(out_dir / "fidelity_real.parquet"), config)
+        fidelity = stages.run(evaluate_task, str(trained.model_dir), real, run_dir, config)
+        stages.tag()
         model = str(trained.model_dir)
         if register_model:
             version = register_model_dir(trained.model_dir, MODEL_NAME, key=model_key,

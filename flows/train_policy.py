@@ -36,7 +36,7 @@ from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
 from dreamgym.tracking import experiment_id, git_commit
-from flows.caching import stage_key
+from flows.caching import Stages, stage_key
 from flows.ingest import log_dataset, markdown_table
 
 
@@ -175,23 +175,24 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
                          "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
         mlflow.log_params(flatten(settings))
         log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
-        bc = bc_task(ingest_summary["validated_path"], str(bc_dir), config)
+        stages = Stages()
+        bc = stages.run(bc_task, ingest_summary["validated_path"], str(bc_dir), config)
 
         phase = dream_phase(config) if config.rl.env == "dream" else config
         rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real",
                       config_to_dict(phase.rl), settings["curriculum"])
         rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
         if config.rl.env == "dream":
-            rl = dream_rl_task(bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"], experience_label,
-                               ingest_summary["validated_path"], run_dir, phase, train_games_dir)
+            rl = stages.run(dream_rl_task, bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"],
+                            experience_label, ingest_summary["validated_path"], run_dir, phase, train_games_dir)
         else:
-            rl = real_rl_task(bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
+            rl = stages.run(real_rl_task, bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
         final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
         curves = [plot_learning_curves(rl.history, rl_dir / "learning_curves.png",
                                        f"{config.rl.algorithm} in {config.rl.env}")]
         if config.rl.s2r_budget and config.rl.env == "dream":
-            s2r = real_rl_task(str(rl.policy_dir), str(root / f"s2r-{rl_key}-{config.rl.s2r_budget}"),
-                               train_games_dir, config.rl.s2r_budget, config, prefix="s2r_")
+            s2r = stages.run(real_rl_task, str(rl.policy_dir), str(root / f"s2r-{rl_key}-{config.rl.s2r_budget}"),
+                             train_games_dir, config.rl.s2r_budget, config, prefix="s2r_")
             final, real_used, s2r_seconds = s2r.policy_dir, real_used + s2r.real_transitions, s2r.seconds
             curves.append(plot_learning_curves(s2r.history, Path(s2r.policy_dir).parent / "learning_curves.png",
                                                "sim-to-real: RL in the real games"))
@@ -199,10 +200,10 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
             mlflow.log_artifact(str(curve), artifact_path="policy")
 
         test_dir = ingest_summary["test_games_dir"]
-        evals = [evaluate_task(name, str(path), test_dir, str(root), config)
+        evals = [stages.run(evaluate_task, name, str(path), test_dir, str(root), config)
                  for name, path in (("untrained", bc["untrained"]), ("bc", bc["bc"]), ("dreamgym", str(final)))]
-        train_evals = [evaluate_task(f"{name}-train-games", str(path), train_games_dir, str(root), config,
-                                     count=config.evaluation.train_games)
+        train_evals = [stages.run(evaluate_task, f"{name}-train-games", str(path), train_games_dir, str(root),
+                                  config, count=config.evaluation.train_games)
                        for name, path in (("bc", bc["bc"]), ("dreamgym", str(final))) if config.evaluation.train_games]
         for summary in evals + train_evals:
             mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name'].replace('-', '_')}_"))
@@ -211,8 +212,9 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         comparison = plot_success(evals, root / f"success-{rl_key}-{config.rl.s2r_budget}.png",
                                   f"held-out games: {evals[0]['episodes']} episodes each")
         mlflow.log_artifact(str(comparison), artifact_path="policy")
-        mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
-                            "rl_seconds": rl.seconds})
+        mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions})
+        if not (stages.was_cached(dream_rl_task) or stages.was_cached(real_rl_task)):  # this run's work only
+            mlflow.log_metric("rl_seconds", rl.seconds)
         model = str(final)
         if register_model:
             scores = {e["name"]: e for e in evals}
@@ -229,6 +231,7 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
             set_challenger(MODEL_NAME, version)
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.policy", model)
+        stages.tag()
         result = {"mlflow_run_id": run.info.run_id, "model": model, "bc": bc,
                   "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "s2r_seconds": s2r_seconds,
                          "reused": rl.reused, "history": rl.history,

@@ -62,7 +62,7 @@ def test_not_a_parquet_file(tmp_path):
 def test_bad_option_value(train_games, tmp_path):
     assert_one_line_error(dreamgym("collect", "--games", str(train_games[0].parent), "--out",
                                    str(tmp_path / "o.parquet"), "--epsilon", "1.5"),
-                          "--epsilon 1.5", "less than or equal to 1")
+                          "'--epsilon'", "less than or equal to 1", "collect --help")
 
 
 @pytest.mark.parametrize("command", ["games", "collect", "validate", "check-env", "run"])

@@ -214,3 +214,49 @@ def test_a_seed_past_what_tw_make_takes_is_refused_with_the_bound(tmp_path):
     assert plan_games(GamesConfig(), "train", 1, MAX_SEED)[0].seed < 2**32
     one_line_error(dreamgym("games", "--seed", str(MAX_SEED + 1), "--count", "1", "--out", str(tmp_path)),
                    "--seed", str(MAX_SEED))
+
+
+def test_eval_on_a_damaged_game_stops_before_opening_a_run(train_games, tmp_path):
+    project = tmp_path / "project"
+    (project / "games").mkdir(parents=True)
+    for suffix in (".z8", ".json", ".ni"):
+        (project / "games" / f"game{suffix}").write_bytes(train_games[0].with_suffix(suffix).read_bytes())
+    story = project / "games" / "game.z8"
+    story.write_bytes(story.read_bytes()[:1000])
+    (project / "params.yaml").write_text(PARAMS.read_text())
+    done = subprocess.run([sys.executable, "-m", "dreamgym.cli", "eval", "--policy", "models:/dreamgym-policy@champion",
+                           "--games", str(project / "games"), "--json", str(project / "eval.json"),
+                           "--params", str(project / "params.yaml")],
+                          capture_output=True, text=True, check=False)
+    one_line_error(done, "game.z8 is truncated", "regenerate it")
+    assert not (project / ".dreamgym").exists()  # no MLflow store, so no FAILED run in it
+
+
+def test_model_references_that_name_nothing_say_what_to_write(mlflow_tracking):
+    import mlflow  # noqa: PLC0415
+
+    from dreamgym.registry import model_version  # noqa: PLC0415
+
+    client = mlflow.MlflowClient()
+    with pytest.raises(DreamgymError, match=r"not a model URI: write models:/NAME/VERSION.*models:/dreamgym-policy@champion"):
+        model_version(client, "models:dreamgym-policy")
+    with pytest.raises(DreamgymError, match="nothing is registered yet: `dreamgym run` registers"):
+        model_version(client, "dreamgym-policy")
+
+
+def test_every_numeric_option_has_bounds_that_help_states_and_errors_name():
+    import typer  # noqa: PLC0415
+
+    from dreamgym.cli import app  # noqa: PLC0415
+
+    def commands(group, path=()):
+        for name, command in getattr(group, "commands", {}).items():
+            yield from commands(command, (*path, name)) if hasattr(command, "commands") else [((*path, name), command)]
+
+    unbounded = [f"{' '.join(path)} --{param.name}" for path, command in commands(typer.main.get_command(app))
+                 for param in command.params
+                 if param.type_descriptor.annotation in (int, float) and param.min is None and param.max is None]
+    assert unbounded == []
+    one_line_error(dreamgym("collect", "--games", ".", "--out", "x.parquet", "--epsilon", "2"),
+                   "--epsilon", "less than or equal to 1", "dreamgym collect --help")
+    one_line_error(dreamgym("no-such-command"), "No such command")

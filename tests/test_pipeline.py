@@ -14,6 +14,8 @@ from mlflow.tracking import MlflowClient
 
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
+from flows.ingest import summary_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 
@@ -124,6 +126,17 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 1
     assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
     assert second["policy"]["evaluations"] == first["policy"]["evaluations"]
+    # ... and it says so: no rows inserted by this run, no data version presented as new, and its
+    # MLflow runs name the stages an earlier run did instead of logging that run's work as theirs.
+    ingest = second["ingest"]
+    assert ingest["buffer"]["cached"] and not ingest["data_changed"]
+    assert {"collect-trajectories", "upsert-buffer", "version-data"} <= set(ingest["cached_stages"])
+    rows_shown = dict(summary_rows(ingest))
+    assert rows_shown["buffer rows inserted / already there"].startswith("nothing this run: cached")
+    assert "(unchanged)" in rows_shown["data version (DVC md5)"]
+    cached_run = client.get_run(ingest["mlflow_run_id"])
+    assert "upsert-buffer" in cached_run.data.tags["dreamgym.cached_stages"]
+    assert "buffer_inserted" not in cached_run.data.metrics and "collect_seconds" not in cached_run.data.metrics
 
     # One RL parameter changed: RL, evaluation of the new policy and the gate run; nothing upstream.
     since = datetime.datetime.now(datetime.timezone.utc)
