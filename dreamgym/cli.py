@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from typer._click.exceptions import UsageError  # typer 0.29 vendors click and does not re-export it
 from rich.table import Table
+from typer._click.exceptions import UsageError  # typer 0.29 vendors click and does not re-export it
 
 from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, PipelineConfig, load_config
 from dreamgym.errors import DreamgymError
@@ -124,8 +124,9 @@ def bench(
 @app.command()
 def games(
     split: Annotated[str, typer.Option(help="train, valid or test (tw-cooking's food splits).")] = "train",
-    count: Annotated[int | None, typer.Option(min=0, max=GAME_SEED_STRIDE, help="Games to make [default: games.train_count, or "
-                                                                "games.test_count for held-out splits].")] = None,
+    count: Annotated[int | None, typer.Option(min=0, max=GAME_SEED_STRIDE,
+                                              help="Games to make [default: games.train_count, or "
+                                                   "games.test_count for held-out splits].")] = None,
     seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Base seed [default: params seed].")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder [default: <data_dir>/games/<split>].")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Parallel tw-make processes.")] = None,
@@ -385,7 +386,8 @@ def policy_eval(
                                                           "table goes beside it as <name>.episodes.csv.")],
     episodes_per_game: Annotated[int | None, typer.Option(min=1, help="Episodes per game [default: "
                                                                "evaluation.episodes_per_game].")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed of the sampled actions [default: params seed].")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED,
+                                             help="Seed of the sampled actions [default: params seed].")] = None,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode [default: "
                                                        "evaluation.max_steps].")] = None,
     sample: Annotated[bool | None, typer.Option("--sample/--greedy", help="Sample actions (seeded) or take "

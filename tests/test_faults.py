@@ -238,7 +238,8 @@ def test_model_references_that_name_nothing_say_what_to_write(mlflow_tracking):
     from dreamgym.registry import model_version  # noqa: PLC0415
 
     client = mlflow.MlflowClient()
-    with pytest.raises(DreamgymError, match=r"not a model URI: write models:/NAME/VERSION.*models:/dreamgym-policy@champion"):
+    with pytest.raises(DreamgymError,
+                       match=r"not a model URI: write models:/NAME/VERSION.*models:/dreamgym-policy@champion"):
         model_version(client, "models:dreamgym-policy")
     with pytest.raises(DreamgymError, match="nothing is registered yet: `dreamgym run` registers"):
         model_version(client, "dreamgym-policy")

@@ -83,12 +83,18 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
     lock = (project / "dvc.lock").read_text()
 
-    # An unchanged re-run is a cache hit: the first result, nothing redone.
+    # An unchanged re-run is a cache hit: the first result, nothing redone, and it says so rather
+    # than presenting the first run's inserted rows and new data version as its own.
     second = ingest(config, str(project))
     assert (project / "dvc.lock").read_text() == lock, "an unchanged re-run changed dvc.lock"
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
-    assert {k: v for k, v in second.items() if k != "mlflow_run_id"} == \
-        {k: v for k, v in first.items() if k != "mlflow_run_id"}
+    assert first["cached_stages"] == [] and first["data_changed"] and not first["buffer"]["cached"]
+    assert second["cached_stages"] == ["collect-trajectories", "validate-trajectories", "version-data",
+                                       "upsert-buffer"]
+    assert not second["data_changed"] and second["buffer"] == first["buffer"] | {"cached": True}
+    unchanged = ("mlflow_run_id", "cached_stages", "data_changed", "buffer")
+    assert {k: v for k, v in second.items() if k not in unchanged} == \
+        {k: v for k, v in first.items() if k not in unchanged}
 
     # Recomputed (cache ignored, `dreamgym run --refresh`): every step finds its work done.
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings

@@ -228,6 +228,12 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, t
     assert counts["real"] == resumed["ingest"]["collection"]["transitions"]
     assert counts.get("synthetic", 0) <= resumed["policy"]["rl"]["synthetic_transitions"]
     assert resumed["policy"]["rl"]["epochs"] == KILLABLE["rl.epochs"]
+    # The killed run no longer holds the embedded server: its users are live processes only, so
+    # the last of them stops it (before the fix the dead PID kept it running for good).
+    from dreamgym.buffer.db import HANDLE_FILE, _alive
+
+    users = json.loads((killed / config.paths.run_dir / "postgres" / HANDLE_FILE).read_text())
+    assert process.pid not in users and all(_alive(pid) for pid in users), users
 
     # The same seed in a fresh project, uninterrupted: the same figures everywhere.
     fresh = make_project(tmp_path / "fresh", train_games, test_games)

@@ -322,7 +322,8 @@ def test_report_holds_the_gx_result(tmp_path, rows, traj):
     assert gx["success"] is False
     failed = {r["expectation_config"]["kwargs"]["column"]: r["result"] for r in gx["results"] if not r["success"]}
     assert set(failed) == {"reward", "check_reward_finite"}
-    assert failed["reward"]["unexpected_index_list"] == failed["check_reward_finite"]["unexpected_index_list"] == [traj[2]]
+    assert failed["reward"]["unexpected_index_list"] == [traj[2]]
+    assert failed["check_reward_finite"]["unexpected_index_list"] == [traj[2]]
     assert failed["reward"]["unexpected_list"] == ["inf"]
     assert len(gx["results"]) == len(report["dreamgym"]["checks"])
 
