@@ -247,3 +247,41 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, t
     assert learned and {key: first[key] for key in _timeless(learned)} == {key: second[key] for key in _timeless(learned)}
     assert resumed["policy"]["evaluations"][-1]["success_rate"] == \
         uninterrupted["policy"]["evaluations"][-1]["success_rate"]
+
+
+def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, train_games, test_games, prefect_server):
+    """Two `dreamgym run --until ingest` at the same moment on one checkout (a cron and a user):
+    both succeed, every collected transition is in the buffer once, and no embedded server
+    outlives them."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL
+    from sqlalchemy import text
+
+    from dreamgym.buffer.migrations import open_migrated
+    from dreamgym.config import load_config
+    from dreamgym.data.schema import read_transitions
+
+    project = make_project(tmp_path / "twice", train_games, test_games)
+    params = _write_params(project, TINY)
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "MLFLOW_TRACKING_URI")}
+    env["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    runs = [subprocess.Popen([sys.executable, "-m", "dreamgym.cli", "run", "--until", "ingest", "--params",
+                              str(params)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        _, stderr = run.communicate(timeout=900)
+        assert run.returncode == 0, stderr[-3000:]
+
+    config = load_config(params)
+    postgres = project / config.paths.run_dir / "postgres"
+    pid_file = postgres / "postmaster.pid"
+    if pid_file.exists():  # the last of the two stopped the server it started
+        from dreamgym.buffer.db import _alive
+
+        assert not _alive(int(pid_file.read_text().split()[0])), "the embedded server outlived both runs"
+    collected = read_transitions(project / config.paths.data_dir / "trajectories" / "offline.parquet")
+    with open_migrated(project / config.paths.run_dir, config.buffer) as database:
+        with database.engine.connect() as connection:
+            stored = connection.execute(text("SELECT count(*), count(DISTINCT content_hash) FROM transitions")).one()
+    assert tuple(stored) == (collected.num_rows, collected.num_rows)
