@@ -34,7 +34,23 @@ def configure_services(run_dir: str | Path) -> dict[str, str]:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    if os.environ["MLFLOW_TRACKING_URI"] == defaults["MLFLOW_TRACKING_URI"]:
+        _create_tracking_store(defaults["MLFLOW_TRACKING_URI"], run_dir)
     return {key: os.environ[key] for key in defaults}
+
+
+def _create_tracking_store(uri: str, run_dir: Path) -> None:
+    """Create (or upgrade) the embedded MLflow store under a lock between processes.
+
+    MLflow creates its SQLite schema on first use; two commands starting at once on a new run
+    directory (a schedule and a user) both ran its migrations, and one failed with "duplicate
+    column name". The first creates it under the lock; the other then finds it made.
+    """
+    import mlflow  # noqa: PLC0415 - slow import
+    from filelock import FileLock  # noqa: PLC0415
+
+    with FileLock(run_dir / "mlflow.db.lock"):
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)
 
 
 def artifact_root(run_dir: str | Path) -> str | None:
@@ -50,10 +66,17 @@ def experiment_id(name: str, run_dir: str | Path) -> str:
     """The id of the named experiment, created on first use."""
     import mlflow  # noqa: PLC0415 - slow import
 
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    return mlflow.create_experiment(name, artifact_location=artifact_root(run_dir))
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_root(run_dir))
+    except MlflowException as error:  # another process created it since we looked
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return mlflow.get_experiment_by_name(name).experiment_id
 
 
 def git_commit(project_dir: str | Path) -> str:

@@ -261,3 +261,18 @@ def test_every_numeric_option_has_bounds_that_help_states_and_errors_name():
     one_line_error(dreamgym("collect", "--games", ".", "--out", "x.parquet", "--epsilon", "2"),
                    "--epsilon", "less than or equal to 1", "dreamgym collect --help")
     one_line_error(dreamgym("no-such-command"), "No such command")
+
+
+def test_two_commands_starting_at_once_on_a_new_run_directory_both_get_the_tracking_store(tmp_path):
+    """MLflow creates its SQLite schema on first use; two processes doing it at once failed with
+    "duplicate column name" (10 of 12 processes, measured before the fix)."""
+    code = ("import sys, mlflow; from dreamgym.tracking import configure_services, experiment_id; "
+            "configure_services(sys.argv[1]); experiment_id('dreamgym', sys.argv[1])")  # as every command starts
+    environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    for attempt in range(2):
+        run_dir = tmp_path / f"run-{attempt}"
+        both = [subprocess.Popen([sys.executable, "-c", code, str(run_dir)], env=environment,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for process in both:
+            _, stderr = process.communicate(timeout=300)
+            assert process.returncode == 0, stderr[-2000:]
