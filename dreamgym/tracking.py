@@ -44,13 +44,24 @@ def _create_tracking_store(uri: str, run_dir: Path) -> None:
 
     MLflow creates its SQLite schema on first use; two commands starting at once on a new run
     directory (a schedule and a user) both ran its migrations, and one failed with "duplicate
-    column name". The first creates it under the lock; the other then finds it made.
+    column name". The first creates it under the lock; the other then finds it made. MLflow's
+    INFO lines about creating tables are held back: a user's command prints its own output.
     """
+    import logging  # noqa: PLC0415
+
     import mlflow  # noqa: PLC0415 - slow import
     from filelock import FileLock  # noqa: PLC0415
 
+    quiet = [logging.getLogger(name) for name in ("mlflow.store.db.utils", "alembic")]
+    levels = [logger.level for logger in quiet]
     with FileLock(run_dir / "mlflow.db.lock"):
-        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+        try:
+            for logger in quiet:
+                logger.setLevel(logging.WARNING)
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+        finally:
+            for logger, level in zip(quiet, levels, strict=True):
+                logger.setLevel(level)
 
 
 def artifact_root(run_dir: str | Path) -> str | None:

@@ -276,3 +276,5 @@ def test_two_commands_starting_at_once_on_a_new_run_directory_both_get_the_track
         for process in both:
             _, stderr = process.communicate(timeout=300)
             assert process.returncode == 0, stderr[-2000:]
+            # a user's command (`dreamgym serve` prints one line) shows no MLflow table-creation logs
+            assert "database tables" not in stderr, stderr[-2000:]
