@@ -11,8 +11,11 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(BIN)/dreamgym run
 
-# Two workers, a test file each at a time (its module fixtures made once): CI has two cores.
+# The linter and formatter first (a second), then the suite on two workers, a test file each at a
+# time (its module fixtures made once): CI has two cores.
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 install: $(STAMP)

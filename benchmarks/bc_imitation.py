@@ -46,25 +46,36 @@ def variant_setup(name: str, rows: list[dict]) -> tuple[PolicyConfig, list[dict]
     return config, rows, policy_kept_names(rows, config)
 
 
-def run_variant(name: str, rows: list[dict], train_games: list[Path], test_games: list[Path],
-                seed: int, work: Path) -> dict:
+def run_variant(
+    name: str, rows: list[dict], train_games: list[Path], test_games: list[Path], seed: int, work: Path
+) -> dict:
     config, rows, kept = variant_setup(name, rows)
     examples = bc_examples(rows, config, kept)
     started = time.perf_counter()
     result = train_bc(examples, config, work / name, seed, kept, progress=False)
     train_seconds = time.perf_counter() - started
     policy = load_policy(result.model_dir)
-    figures = {"variant": name, "examples": len(examples), "steps": result.steps,
-               "train_seconds": round(train_seconds, 1),
-               "settings": {key: getattr(config, key) for key in ("placeholders", "history", "epochs",
-                                                                  "hidden_size", "layers")}}
+    figures = {
+        "variant": name,
+        "examples": len(examples),
+        "steps": result.steps,
+        "train_seconds": round(train_seconds, 1),
+        "settings": {
+            key: getattr(config, key) for key in ("placeholders", "history", "epochs", "hidden_size", "layers")
+        },
+    }
     for label, games in (("train_games", train_games), ("held_out", test_games)):
         report = evaluate_policy(policy, games, 1, seed, 50, greedy=True, progress=False)
-        figures[label] = {key: report.summary[key] for key in ("episodes", "wins", "success_rate", "ci95",
-                                                               "mean_return", "mean_steps")}
-    print(json.dumps({k: figures[k] for k in ("variant", "examples", "train_seconds")}),
-          f"train games {figures['train_games']['success_rate']:.1%}",
-          f"held-out {figures['held_out']['success_rate']:.1%}", flush=True)
+        figures[label] = {
+            key: report.summary[key]
+            for key in ("episodes", "wins", "success_rate", "ci95", "mean_return", "mean_steps")
+        }
+    print(
+        json.dumps({k: figures[k] for k in ("variant", "examples", "train_seconds")}),
+        f"train games {figures['train_games']['success_rate']:.1%}",
+        f"held-out {figures['held_out']['success_rate']:.1%}",
+        flush=True,
+    )
     return figures
 
 
@@ -82,16 +93,21 @@ def main() -> None:
     torch.set_num_threads(2)
     rows = read_transitions(args.data).to_pylist()
     train_games = list_games(args.train_games)
-    test_games = list_games(args.test_games)[:args.held_out]
+    test_games = list_games(args.test_games)[: args.held_out]
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(args.work or scratch)
         for name in args.variants.split(","):
             results.append(run_variant(name, rows, train_games, test_games, args.seed, work))
-    payload = {"command": "benchmarks/bc_imitation.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
-        "data": args.data, "transitions": len(rows), "train_games": len(train_games),
-        "held_out_games": len(test_games), "results": results}
+    payload = {
+        "command": "benchmarks/bc_imitation.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        "data": args.data,
+        "transitions": len(rows),
+        "train_games": len(train_games),
+        "held_out_games": len(test_games),
+        "results": results,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
 

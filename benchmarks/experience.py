@@ -21,12 +21,12 @@ import argparse
 import json
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-
 from common import machine, model_setup
+
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.examples import history_of
 from dreamgym.experience.generate import Query, open_experience_model
@@ -44,25 +44,43 @@ def main() -> None:
     args = parser.parse_args()
 
     setup = model_setup(args.params, args.model)
-    config, project, run_dir, model_dir, label = (setup.config, setup.project, setup.run_dir,
-                                                  setup.model_dir, setup.model_label)
-    rows = sorted(read_transitions(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet")
-                  .to_pylist(), key=lambda row: (row["trajectory_id"], row["step"]))
-    report = {"model": label, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(),
-              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "batches": {}}
+    config, project, run_dir, model_dir, label = (
+        setup.config,
+        setup.project,
+        setup.run_dir,
+        setup.model_dir,
+        setup.model_label,
+    )
+    rows = sorted(
+        read_transitions(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet").to_pylist(),
+        key=lambda row: (row["trajectory_id"], row["step"]),
+    )
+    report = {
+        "model": label,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "batches": {},
+    }
     with open_experience_model(model_dir, run_dir, config) as experience:
         report["parameters"] = sum(p.numel() for p in experience.model.parameters())
-        queries = [Query(row["instruction"], parse_state(row["state"]), row["action"],
-                         tuple(history_of(rows, index, experience.config.history)), row["trajectory_id"])
-                   for index, row in enumerate(rows)][:args.transitions]
+        queries = [
+            Query(
+                row["instruction"],
+                parse_state(row["state"]),
+                row["action"],
+                tuple(history_of(rows, index, experience.config.history)),
+                row["trajectory_id"],
+            )
+            for index, row in enumerate(rows)
+        ][: args.transitions]
         experience.predict(queries[:2])  # warm-up: first-call allocations, retrieval pool
         for batch in args.batches:
             rates, token_rates, parsed = [], [], []
             for _ in range(args.repeats):
                 started, tokens, ok = time.perf_counter(), 0, 0
                 for start in range(0, len(queries), batch):
-                    for prediction in experience.predict(queries[start:start + batch]):
+                    for prediction in experience.predict(queries[start : start + batch]):
                         tokens += len(experience.tokenizer(prediction.text, add_special_tokens=False)["input_ids"])
                         ok += prediction.ok
                 seconds = time.perf_counter() - started
@@ -75,20 +93,26 @@ def main() -> None:
             for _ in range(args.repeats):
                 started = time.perf_counter()
                 for start in range(0, len(prompts), batch):
-                    experience.generate(prompts[start:start + batch])
+                    experience.generate(prompts[start : start + batch])
                 generate_rates.append(len(prompts) / (time.perf_counter() - started))
             split = cost_split(experience, prompts, batch, args.repeats)
-            report["batches"][str(batch)] = {**split,
-                                             "generate_only_transitions_per_s": statistics.median(generate_rates),
-                                             "transitions_per_s": statistics.median(rates),
-                                             "completion_tokens_per_s": statistics.median(token_rates),
-                                             "parsed_fraction": statistics.median(parsed), "runs": rates}
-            print(f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s (generate alone "
-                  f"{statistics.median(generate_rates):6.2f}), "
-                  f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}; "
-                  f"prefill {split['prefill_ms_per_prompt']:.0f} ms/prompt, decode "
-                  f"{split['decode_ms_per_row_step']:.2f} ms/row-step, longest/mean completion "
-                  f"{split['longest_over_mean_completion']:.2f}", flush=True)
+            report["batches"][str(batch)] = {
+                **split,
+                "generate_only_transitions_per_s": statistics.median(generate_rates),
+                "transitions_per_s": statistics.median(rates),
+                "completion_tokens_per_s": statistics.median(token_rates),
+                "parsed_fraction": statistics.median(parsed),
+                "runs": rates,
+            }
+            print(
+                f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s (generate alone "
+                f"{statistics.median(generate_rates):6.2f}), "
+                f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}; "
+                f"prefill {split['prefill_ms_per_prompt']:.0f} ms/prompt, decode "
+                f"{split['decode_ms_per_row_step']:.2f} ms/row-step, longest/mean completion "
+                f"{split['longest_over_mean_completion']:.2f}",
+                flush=True,
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
@@ -102,23 +126,35 @@ def cost_split(experience, prompts: list[str], batch: int, repeats: int) -> dict
 
     def forced(inputs, new_tokens: int) -> float:
         started = time.perf_counter()
-        model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                       use_cache=True, cache_implementation="static", pad_token_id=tokenizer.pad_token_id)
+        model.generate(
+            **inputs,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            use_cache=True,
+            cache_implementation="static",
+            pad_token_id=tokenizer.pad_token_id,
+        )
         return time.perf_counter() - started
 
     prefill, decode, stretch = [], [], []
     for start in range(0, len(prompts) - batch + 1, batch):
-        inputs = experience.encode(prompts[start:start + batch])
+        inputs = experience.encode(prompts[start : start + batch])
         for _ in range(repeats):
             started = time.perf_counter()
             model(**inputs)
             prefill.append((time.perf_counter() - started) * 1000 / batch)
             decode.append((forced(inputs, 66) - forced(inputs, 2)) * 1000 / 64 / batch)
-        lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"])
-                   for text in experience.generate(prompts[start:start + batch])]
+        lengths = [
+            len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            for text in experience.generate(prompts[start : start + batch])
+        ]
         stretch.append(max(lengths) / statistics.mean(lengths))
-    return {"prefill_ms_per_prompt": statistics.median(prefill), "decode_ms_per_row_step": statistics.median(decode),
-            "longest_over_mean_completion": statistics.mean(stretch)}
+    return {
+        "prefill_ms_per_prompt": statistics.median(prefill),
+        "decode_ms_per_row_step": statistics.median(decode),
+        "longest_over_mean_completion": statistics.mean(stretch),
+    }
 
 
 if __name__ == "__main__":

@@ -71,8 +71,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
-        games, _ = generate_games(plan_games(GamesConfig(), "train", args.games, 0), scratch,
-                                  workers=2, progress=False)
+        games, _ = generate_games(plan_games(GamesConfig(), "train", args.games, 0), scratch, workers=2, progress=False)
         runs: dict[str, list[float]] = {}
         for repeat in range(args.repeats):
             print(f"repeat {repeat + 1}/{args.repeats}", flush=True)
@@ -85,13 +84,20 @@ def main() -> None:
             runs.setdefault("collect_transitions_per_s_2_workers", []).append(time_collection(games, 2, repeat))
 
     medians = {name: statistics.median(values) for name, values in runs.items()}
-    report = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-                         f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}",
-              "games": args.games, "repeats": args.repeats, "median": medians, "runs": runs}
+    report = {
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+        f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}",
+        "games": args.games,
+        "repeats": args.repeats,
+        "median": medians,
+        "runs": runs,
+    }
     for name, value in medians.items():
         print(f"{name:40s} {value:10.2f}")
-    print(f"{'collect speed-up, 2 workers vs 1':40s} "
-          f"{medians['collect_transitions_per_s_2_workers'] / medians['collect_transitions_per_s_1_worker']:10.2f}")
+    print(
+        f"{'collect speed-up, 2 workers vs 1':40s} "
+        f"{medians['collect_transitions_per_s_2_workers'] / medians['collect_transitions_per_s_1_worker']:10.2f}"
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

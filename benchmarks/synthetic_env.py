@@ -6,9 +6,10 @@
 
 For each batch size B: B DreamEnvs on seed tasks (real initial states of the training data), each
 step of all B taken with one `step_together` call (one batched generation), `--steps` steps with
-seeded random available actions (an episode the model ends starts again on its task). Reports synthetic transitions/s (steps the model
-predicted, failures included, per second of wall time), median of --repeats, and the parse-failure
-rate. In the same run, real TextWorld steps/s on the training games with the same kind of policy.
+seeded random available actions (an episode the model ends starts again on its task). Reports
+synthetic transitions/s (steps the model predicted, failures included, per second of wall time),
+median of --repeats, and the parse-failure rate. In the same run, real TextWorld steps/s on the
+training games with the same kind of policy.
 
 `--log` writes short rollouts for reading: a real successful episode of a training game and one of
 a held-out game (outputs/experience/fidelity_real.parquet, made by the train-experience flow)
@@ -23,11 +24,11 @@ import json
 import random
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-
 from common import machine, model_setup
+
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv, step_together
@@ -47,12 +48,18 @@ def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict
         actions = [rng.choice(parse_state(o).actions or ("look",)) for o in observations]
         results = step_together(envs, actions)
         # An episode the model ended starts again on the same task: the batch stays full.
-        observations = [env.reset(env.task)[0] if terminated or truncated else observation
-                        for env, (observation, _, terminated, truncated, _) in zip(envs, results)]
+        observations = [
+            env.reset(env.task)[0] if terminated or truncated else observation
+            for env, (observation, _, terminated, truncated, _) in zip(envs, results)
+        ]
     seconds = time.perf_counter() - started
     predicted = sum(env.model_steps for env in envs)
-    return {"transitions": predicted, "seconds": seconds, "per_s": predicted / seconds,
-            "failures": sum(env.failures for env in envs)}
+    return {
+        "transitions": predicted,
+        "seconds": seconds,
+        "per_s": predicted / seconds,
+        "failures": sum(env.failures for env in envs),
+    }
 
 
 def real_rate(games, steps: int, seed: int, max_steps: int) -> float:
@@ -77,8 +84,18 @@ def rollout_log(experience, rows, max_steps: int, title: str) -> str:
     task = next(t for t in seed_tasks(rows) if t.task_id == episode[0]["task_id"])
     env = DreamEnv(experience, max_steps=max_steps, record=False)
     observation, _ = env.reset(task)
-    lines = [f"# {title}: {task.task_id}", "", f"Task: {task.instruction}", "",
-             "Initial state (real):", "", "```", observation, "```", ""]
+    lines = [
+        f"# {title}: {task.task_id}",
+        "",
+        f"Task: {task.instruction}",
+        "",
+        "Initial state (real):",
+        "",
+        "```",
+        observation,
+        "```",
+        "",
+    ]
     state = parse_state(observation)
     for row in episode:
         available = row["action"] in state.actions
@@ -90,14 +107,18 @@ def rollout_log(experience, rows, max_steps: int, title: str) -> str:
             reasoning = "(not available in the predicted state: nothing happens, no model call)"
         else:
             reasoning = info["reasoning"] or f"(no parse after retries: {info['model_failure']})"
-        lines += [f"## step {row['step']}: `{row['action']}`", "",
-                  f"- reasoning: {reasoning}",
-                  "- predicted change: `" + predicted_change.replace("\n", " / ") + "`",
-                  "- real change: `" + real_change.replace("\n", " / ") + "`",
-                  f"- reward {reward:g} (real {row['reward']:g}), done {terminated} (real "
-                  f"{row['terminated']}); change {'as' if predicted_change == real_change else 'NOT as'}"
-                  f" in the game; whole state {'equal to' if predicted == real_next else 'differs from'}"
-                  " the game's", ""]
+        lines += [
+            f"## step {row['step']}: `{row['action']}`",
+            "",
+            f"- reasoning: {reasoning}",
+            "- predicted change: `" + predicted_change.replace("\n", " / ") + "`",
+            "- real change: `" + real_change.replace("\n", " / ") + "`",
+            f"- reward {reward:g} (real {row['reward']:g}), done {terminated} (real "
+            f"{row['terminated']}); change {'as' if predicted_change == real_change else 'NOT as'}"
+            f" in the game; whole state {'equal to' if predicted == real_next else 'differs from'}"
+            " the game's",
+            "",
+        ]
         state = predicted
         if terminated or truncated:
             break
@@ -117,14 +138,22 @@ def main() -> None:
     args = parser.parse_args()
 
     setup = model_setup(args.params, args.model)
-    config, project, run_dir, model_dir, label = (setup.config, setup.project, setup.run_dir,
-                                                  setup.model_dir, setup.model_label)
+    config, project, run_dir, model_dir, label = (
+        setup.config,
+        setup.project,
+        setup.run_dir,
+        setup.model_dir,
+        setup.model_label,
+    )
     rows = read_transitions(project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
     tasks = seed_tasks(rows)
-    report = {"model": label, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(),
-              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "synthetic": {}}
+    report = {
+        "model": label,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "synthetic": {},
+    }
     with open_experience_model(model_dir, run_dir, config) as experience:
         synthetic_rate(experience, tasks, 2, 1, seed=99)  # warm-up: first generate call, encoder, pool
         for batch in args.batches:
@@ -132,18 +161,25 @@ def main() -> None:
             report["synthetic"][batch] = {
                 "transitions_per_s": statistics.median(run["per_s"] for run in runs),
                 "failure_rate": sum(r["failures"] for r in runs) / max(1, sum(r["transitions"] for r in runs)),
-                "runs": runs}
-            print(f"batch {batch:3d}: {report['synthetic'][batch]['transitions_per_s']:.2f} synthetic "
-                  f"transitions/s, failures {report['synthetic'][batch]['failure_rate']:.1%}", flush=True)
+                "runs": runs,
+            }
+            print(
+                f"batch {batch:3d}: {report['synthetic'][batch]['transitions_per_s']:.2f} synthetic "
+                f"transitions/s, failures {report['synthetic'][batch]['failure_rate']:.1%}",
+                flush=True,
+            )
         if args.log:
             args.log.parent.mkdir(parents=True, exist_ok=True)
-            held_out = read_transitions(project / config.paths.outputs_dir / "experience"
-                                        / "fidelity_real.parquet").to_pylist()
+            held_out = read_transitions(
+                project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet"
+            ).to_pylist()
             args.log.write_text(
                 rollout_log(experience, rows, config.env.max_steps, "Training game, an episode it was trained on")
-                + "\n\n" + rollout_log(experience, held_out, config.env.max_steps, "Held-out game")
-                + "\n")
-    games = list_games(project / config.paths.data_dir / "games" / "train")[:args.real_games]
+                + "\n\n"
+                + rollout_log(experience, held_out, config.env.max_steps, "Held-out game")
+                + "\n"
+            )
+    games = list_games(project / config.paths.data_dir / "games" / "train")[: args.real_games]
     real_rate(games[:1], 2, 0, config.env.max_steps)  # warm-up: TextWorld import
     real = [real_rate(games, args.steps * 4, seed, config.env.max_steps) for seed in range(args.repeats)]
     report["real_steps_per_s"] = statistics.median(real)

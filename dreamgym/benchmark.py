@@ -13,7 +13,7 @@ import os
 import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from dreamgym.errors import DreamgymError
@@ -37,18 +37,23 @@ class BenchRow:
 
 def machine() -> dict:
     """What a measurement ran on."""
-    import torch  # noqa: PLC0415 - slow import
+    import torch  # slow import
 
-    return {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def bench_plan(real_budget: int, names: Sequence[str] | None = None) -> list[BenchRow]:
     """The rows, in table order; `names` picks some (BC is measured by every policy run)."""
     if real_budget < 10:
-        raise DreamgymError(f"--real-budget {real_budget}: need at least 10 real transitions (sim-to-real "
-                            "gets a tenth of them)")
+        raise DreamgymError(
+            f"--real-budget {real_budget}: need at least 10 real transitions (sim-to-real gets a tenth of them)"
+        )
     dream = {"rl.env": "dream", "rl.s2r_budget": 0}
     # Real-env RL runs until its budget is spent: the budget, not the epoch count, ends it.
     real = {"rl.env": "real", "rl.real_budget": real_budget, "rl.s2r_budget": 0, "rl.epochs": UNTIL_BUDGET}
@@ -84,18 +89,36 @@ def row_result(name: str, seed: int, policy: Mapping, wall_seconds: float) -> di
     rl = policy["rl"]
     if name == BC:
         evaluation = evaluations["bc"]
-        used = {"real_transitions": 0, "synthetic_transitions": 0,
-                "train_seconds": policy["bc"]["seconds"], "reused": policy["bc"]["reused"], "history": []}
+        used = {
+            "real_transitions": 0,
+            "synthetic_transitions": 0,
+            "train_seconds": policy["bc"]["seconds"],
+            "reused": policy["bc"]["reused"],
+            "history": [],
+        }
     else:
         evaluation = evaluations["dreamgym"]
-        used = {"real_transitions": rl["real_transitions"], "synthetic_transitions": rl["synthetic_transitions"],
-                "train_seconds": rl["seconds"] + rl.get("s2r_seconds", 0.0), "reused": rl["reused"],
-                "history": rl.get("history", [])}
-    return {"name": name, "seed": seed, "success_rate": evaluation["success_rate"], "ci95": evaluation["ci95"],
-            "wins": evaluation["wins"], "episodes": evaluation["episodes"],
-            "mean_return": evaluation["mean_return"], "eval_real_transitions": evaluation["real_transitions"],
-            **used, "wall_seconds": wall_seconds, "policy_dir": evaluation["policy_dir"],
-            "mlflow_run_id": policy["mlflow_run_id"]}
+        used = {
+            "real_transitions": rl["real_transitions"],
+            "synthetic_transitions": rl["synthetic_transitions"],
+            "train_seconds": rl["seconds"] + rl.get("s2r_seconds", 0.0),
+            "reused": rl["reused"],
+            "history": rl.get("history", []),
+        }
+    return {
+        "name": name,
+        "seed": seed,
+        "success_rate": evaluation["success_rate"],
+        "ci95": evaluation["ci95"],
+        "wins": evaluation["wins"],
+        "episodes": evaluation["episodes"],
+        "mean_return": evaluation["mean_return"],
+        "eval_real_transitions": evaluation["real_transitions"],
+        **used,
+        "wall_seconds": wall_seconds,
+        "policy_dir": evaluation["policy_dir"],
+        "mlflow_run_id": policy["mlflow_run_id"],
+    }
 
 
 def _mean(rows: Sequence[Mapping], name: str, key: str) -> float | None:
@@ -111,39 +134,58 @@ def check_targets(rows: Sequence[Mapping]) -> list[dict]:
     upper = {name: max(row["ci95"][1] for row in rows if row["name"] == name) for name in rate}
     targets = []
     if DREAMGYM in rate and REAL in rate:
-        targets.append({"target": "DreamGym (0 online real transitions) >= real-env GRPO at budget N, within the CI",
-                        "holds": upper[DREAMGYM] >= rate[REAL],
-                        "numbers": f"dreamgym {rate[DREAMGYM]:.3f} (CI upper {upper[DREAMGYM]:.3f}) vs real {rate[REAL]:.3f}"})
+        targets.append(
+            {
+                "target": "DreamGym (0 online real transitions) >= real-env GRPO at budget N, within the CI",
+                "holds": upper[DREAMGYM] >= rate[REAL],
+                "numbers": f"dreamgym {rate[DREAMGYM]:.3f} (CI upper {upper[DREAMGYM]:.3f}) vs real {rate[REAL]:.3f}",
+            }
+        )
     if S2R in rate and REAL in rate and BC in rate:
         gain_s2r, gain_real = rate[S2R] - rate[BC], rate[REAL] - rate[BC]
-        targets.append({"target": "DreamGym-S2R (N/10 real) beats real-env GRPO at N and gains >= 40% more over BC",
-                        "holds": rate[S2R] > rate[REAL] and gain_s2r >= 1.4 * gain_real and gain_s2r > 0,
-                        "numbers": f"s2r {rate[S2R]:.3f}, real {rate[REAL]:.3f}, bc {rate[BC]:.3f}: gains "
-                                   f"{gain_s2r:+.3f} vs {gain_real:+.3f}"})
+        targets.append(
+            {
+                "target": "DreamGym-S2R (N/10 real) beats real-env GRPO at N and gains >= 40% more over BC",
+                "holds": rate[S2R] > rate[REAL] and gain_s2r >= 1.4 * gain_real and gain_s2r > 0,
+                "numbers": f"s2r {rate[S2R]:.3f}, real {rate[REAL]:.3f}, bc {rate[BC]:.3f}: gains "
+                f"{gain_s2r:+.3f} vs {gain_real:+.3f}",
+            }
+        )
     fidelity = {name: _mean(rows, name, "experience_fidelity") for name in rate}
     for ablation in ABLATIONS:
         if ablation in rate and DREAMGYM in rate:
-            lower_fidelity = (fidelity[ablation] is not None and fidelity[DREAMGYM] is not None
-                              and fidelity[ablation] < fidelity[DREAMGYM])
+            lower_fidelity = (
+                fidelity[ablation] is not None
+                and fidelity[DREAMGYM] is not None
+                and fidelity[ablation] < fidelity[DREAMGYM]
+            )
             numbers = f"{ablation} {rate[ablation]:.3f} vs dreamgym {rate[DREAMGYM]:.3f}"
             if fidelity[ablation] is not None and fidelity[DREAMGYM] is not None:
-                numbers += (f"; next-state exact match {fidelity[ablation]:.3f} vs "
-                            f"{fidelity[DREAMGYM]:.3f}")
-            targets.append({"target": f"{ablation} lowers DreamGym's success rate or its experience-model fidelity",
-                            "holds": rate[ablation] < rate[DREAMGYM] or lower_fidelity, "numbers": numbers})
+                numbers += f"; next-state exact match {fidelity[ablation]:.3f} vs {fidelity[DREAMGYM]:.3f}"
+            targets.append(
+                {
+                    "target": f"{ablation} lowers DreamGym's success rate or its experience-model fidelity",
+                    "holds": rate[ablation] < rate[DREAMGYM] or lower_fidelity,
+                    "numbers": numbers,
+                }
+            )
     return targets
 
 
-
 def markdown(rows: Sequence[Mapping], targets: Sequence[Mapping]) -> str:
-    lines = ["| row | seed | success (95% CI) | mean return | real transitions | synthetic transitions | "
-             "train time | wall time |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| row | seed | success (95% CI) | mean return | real transitions | synthetic transitions | "
+        "train time | wall time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         lo, hi = row["ci95"]
-        lines.append(f"| {row['name']} | {row['seed']} | {row['wins']}/{row['episodes']} = {row['success_rate']:.1%} "
-                     f"({lo:.1%}-{hi:.1%}) | {row['mean_return']:.2f} | {row['real_transitions']} | "
-                     f"{row['synthetic_transitions']} | {row['train_seconds'] / 60:.1f} min | "
-                     f"{row['wall_seconds'] / 60:.1f} min{' (reused)' if row.get('reused') else ''} |")
+        lines.append(
+            f"| {row['name']} | {row['seed']} | {row['wins']}/{row['episodes']} = {row['success_rate']:.1%} "
+            f"({lo:.1%}-{hi:.1%}) | {row['mean_return']:.2f} | {row['real_transitions']} | "
+            f"{row['synthetic_transitions']} | {row['train_seconds'] / 60:.1f} min | "
+            f"{row['wall_seconds'] / 60:.1f} min{' (reused)' if row.get('reused') else ''} |"
+        )
     if targets:
         lines += ["", "| target | holds | numbers |", "|---|---|---|"]
         lines += [f"| {t['target']} | {'yes' if t['holds'] else 'no'} | {t['numbers']} |" for t in targets]
@@ -159,13 +201,22 @@ def plot(rows: Sequence[Mapping], path: str | Path) -> Path:
     for row in rows:
         rate, (lo, hi) = row["success_rate"], row["ci95"]
         left.errorbar(row["real_transitions"], rate, yerr=[[rate - lo], [hi - rate]], fmt="o", capsize=4)
-        left.annotate(f"{row['name']} (s{row['seed']})", (row["real_transitions"], rate), fontsize=7,
-                      textcoords="offset points", xytext=(4, 4))
+        left.annotate(
+            f"{row['name']} (s{row['seed']})",
+            (row["real_transitions"], rate),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, 4),
+        )
         points = [(entry["epoch"], entry["success_rate"]) for entry in row["history"] if "success_rate" in entry]
         if points:
             right.plot(*zip(*points), "o-", markersize=3, label=f"{row['name']} (s{row['seed']})")
-    left.set(xlabel="real transitions used in training", ylabel="success rate (held-out games)",
-             title="success vs real transitions", ylim=(-0.02, 1.02))
+    left.set(
+        xlabel="real transitions used in training",
+        ylabel="success rate (held-out games)",
+        title="success vs real transitions",
+        ylim=(-0.02, 1.02),
+    )
     right.set(xlabel="RL epoch", ylabel="success rate (rollouts)", title="learning curves", ylim=(-0.02, 1.02))
     if right.lines:
         right.legend(fontsize=7)

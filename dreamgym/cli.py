@@ -21,13 +21,18 @@ from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, PipelineConfig, load_con
 from dreamgym.errors import DreamgymError
 
 # Help texts are plain text: with rich markup on, their "[default: key]" notes were eaten as tags.
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
-                  help="DreamGym: RL for LLM agents in a learned experience model.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="DreamGym: RL for LLM agents in a learned experience model.",
+)
 console = Console(stderr=True, soft_wrap=True)
 
-ParamsOption = Annotated[Path, typer.Option("--params", help="Parameter file (the pipeline's "
-                                                           "one source of parameters).")]
+ParamsOption = Annotated[
+    Path, typer.Option("--params", help="Parameter file (the pipeline's one source of parameters).")
+]
 
 
 def _config(params: Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
@@ -35,18 +40,23 @@ def _config(params: Path, overrides: dict[str, Any] | None = None) -> PipelineCo
 
 
 @app.command()
-def run(params: ParamsOption = Path("params.yaml"),
-        refresh: Annotated[bool, typer.Option(help="Recompute every stage, ignoring cached results.")] = False,
-        until: Annotated[str, typer.Option(help="Stop after this stage: ingest, experience, policy or "
-                                                "promotion (the DVC stages run the pipeline stage by stage).")
-                         ] = "promotion",
-        ) -> None:
+def run(
+    params: ParamsOption = Path("params.yaml"),
+    refresh: Annotated[bool, typer.Option(help="Recompute every stage, ignoring cached results.")] = False,
+    until: Annotated[
+        str,
+        typer.Option(
+            help="Stop after this stage: ingest, experience, policy or "
+            "promotion (the DVC stages run the pipeline stage by stage)."
+        ),
+    ] = "promotion",
+) -> None:
     """The main job: the whole pipeline on the configured (by default embedded) services."""
     config = _config(params)  # a bad parameter file is reported before any service starts
-    from dreamgym.tracking import configure_services  # noqa: PLC0415
+    from dreamgym.tracking import configure_services
 
     services = configure_services(params.resolve().parent / config.paths.run_dir)
-    from flows.pipeline import pipeline, pipeline_rows  # noqa: PLC0415 - imports Prefect, after its settings
+    from flows.pipeline import pipeline, pipeline_rows  # imports Prefect, after its settings
 
     summary = pipeline(str(params), refresh=refresh, until=until)
     table = Table(title="dreamgym run", show_header=False)
@@ -54,22 +64,29 @@ def run(params: ParamsOption = Path("params.yaml"),
         table.add_row(label, value)
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)  # a log file gets whole rows
     out.print(table)
-    out.print(f"MLflow UI:  mlflow ui --backend-store-uri {services['MLFLOW_TRACKING_URI']}\n"
-              f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start")
+    out.print(
+        f"MLflow UI:  mlflow ui --backend-store-uri {services['MLFLOW_TRACKING_URI']}\n"
+        f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
+    )
 
 
 @app.command()
 def lineage(
-    model: Annotated[str, typer.Argument(help="A registered version: models:/dreamgym-policy/N, "
-                                              "models:/dreamgym-policy@champion, or a bare name (latest).")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A registered version: models:/dreamgym-policy/N, "
+            "models:/dreamgym-policy@champion, or a bare name (latest)."
+        ),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The chain behind a model version: its run, the experience model, the data, the config."""
-    from rich.tree import Tree  # noqa: PLC0415
+    from rich.tree import Tree
 
-    from dreamgym.lineage import lineage as walk  # noqa: PLC0415
-    from dreamgym.tracking import configure_services  # noqa: PLC0415
+    from dreamgym.lineage import lineage as walk
+    from dreamgym.tracking import configure_services
 
     config = _config(params)
     configure_services(params.resolve().parent / config.paths.run_dir)
@@ -88,23 +105,38 @@ def lineage(
 
 @app.command()
 def bench(
-    games: Annotated[Path, typer.Option("--games", help="Held-out games every row is evaluated on "
-                                                        "(e.g. data/games/test).")],
-    json_out: Annotated[Path, typer.Option("--json", help="Where to write the rows (JSON; the Markdown "
-                                                          "table and PNG go beside it).")],
+    games: Annotated[
+        Path, typer.Option("--games", help="Held-out games every row is evaluated on (e.g. data/games/test).")
+    ],
+    json_out: Annotated[
+        Path, typer.Option("--json", help="Where to write the rows (JSON; the Markdown table and PNG go beside it).")
+    ],
     seeds: Annotated[str | None, typer.Option(help="Comma-separated training seeds [default: params seed].")] = None,
-    real_budget: Annotated[int | None, typer.Option(min=1, help="N: real transitions of real-env RL (S2R gets N/10) "
-                                                         "[default: rl.real_budget].")] = None,
-    rows: Annotated[str | None, typer.Option(help="Comma-separated rows to run [default: all: bc, real-grpo, "
-                                                  "real-ppo, dreamgym-grpo, dreamgym-ppo, dreamgym-s2r-grpo, "
-                                                  "no-retrieval, no-history, no-reasoning, no-curriculum].")] = None,
-    held_out: Annotated[int, typer.Option(help="Held-out games every row plays (the first N of --games; "
-                                               "100 give a 95% interval of about ±10 points).", min=1)] = 100,
+    real_budget: Annotated[
+        int | None,
+        typer.Option(min=1, help="N: real transitions of real-env RL (S2R gets N/10) [default: rl.real_budget]."),
+    ] = None,
+    rows: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated rows to run [default: all: bc, real-grpo, "
+            "real-ppo, dreamgym-grpo, dreamgym-ppo, dreamgym-s2r-grpo, "
+            "no-retrieval, no-history, no-reasoning, no-curriculum]."
+        ),
+    ] = None,
+    held_out: Annotated[
+        int,
+        typer.Option(
+            help="Held-out games every row plays (the first N of --games; "
+            "100 give a 95% interval of about ±10 points).",
+            min=1,
+        ),
+    ] = 100,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The paper's regimes and ablations on the same data and held-out games (dreamgym/benchmark.py)."""
-    from dreamgym.benchmark import bench_plan, check_targets, markdown  # noqa: PLC0415
-    from dreamgym.tracking import configure_services  # noqa: PLC0415
+    from dreamgym.benchmark import bench_plan, check_targets, markdown
+    from dreamgym.tracking import configure_services
 
     config = _config(params)
     try:
@@ -114,26 +146,30 @@ def bench(
     row_names = [name.strip() for name in rows.split(",")] if rows else None
     bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
     configure_services(params.resolve().parent / config.paths.run_dir)
-    from flows.bench import bench as run_bench  # noqa: PLC0415 - imports Prefect, after its settings
+    from flows.bench import bench as run_bench  # imports Prefect, after its settings
 
-    results = run_bench(str(params), str(games), str(json_out), seed_list, real_budget, row_names,
-                        held_out=held_out)
+    results = run_bench(str(params), str(games), str(json_out), seed_list, real_budget, row_names, held_out=held_out)
     Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)
 
 
 @app.command()
 def games(
     split: Annotated[str, typer.Option(help="train, valid or test (tw-cooking's food splits).")] = "train",
-    count: Annotated[int | None, typer.Option(min=0, max=GAME_SEED_STRIDE,
-                                              help="Games to make [default: games.train_count, or "
-                                                   "games.test_count for held-out splits].")] = None,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=GAME_SEED_STRIDE,
+            help="Games to make [default: games.train_count, or games.test_count for held-out splits].",
+        ),
+    ] = None,
     seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Base seed [default: params seed].")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder [default: <data_dir>/games/<split>].")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Parallel tw-make processes.")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Generate TextWorld cooking games (skips those that exist)."""
-    from dreamgym.data.games import check_split, generate_games, plan_games  # noqa: PLC0415
+    from dreamgym.data.games import check_split, generate_games, plan_games
 
     check_split(split)
     config = _config(params, {"games.workers": workers, "seed": seed})
@@ -141,8 +177,7 @@ def games(
         count = config.games.train_count if split == "train" else config.games.test_count
     seed = config.seed
     out = out or params.resolve().parent / config.paths.data_dir / "games" / split
-    paths, made = generate_games(plan_games(config.games, split, count, seed), out,
-                                 workers=config.games.workers)
+    paths, made = generate_games(plan_games(config.games, split, count, seed), out, workers=config.games.workers)
     console.print(f"{len(paths)} {split} games in {out}: {made} made, {len(paths) - made} already there")
 
 
@@ -159,37 +194,49 @@ def collect(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Play episodes on every game of a folder and write transitions to Parquet."""
-    from dreamgym.data.collect import CollectionSettings, collect as collect_games  # noqa: PLC0415
-    from dreamgym.data.games import list_games  # noqa: PLC0415
+    from dreamgym.data.collect import CollectionSettings
+    from dreamgym.data.collect import collect as collect_games
+    from dreamgym.data.games import list_games
 
-    config = _config(params, {"collect.episodes_per_game": episodes_per_game, "collect.policy": policy,
-                              "collect.epsilon": epsilon, "collect.workers": workers,
-                              "env.max_steps": max_steps, "seed": seed})
+    config = _config(
+        params,
+        {
+            "collect.episodes_per_game": episodes_per_game,
+            "collect.policy": policy,
+            "collect.epsilon": epsilon,
+            "collect.workers": workers,
+            "env.max_steps": max_steps,
+            "seed": seed,
+        },
+    )
     settings = CollectionSettings.from_config(config)
     result = collect_games(list_games(games), out, settings, workers=config.collect.workers)
     verb = "reused" if result.reused else f"collected in {result.seconds:.1f}s:"
-    console.print(f"{out}: {verb} {result.transitions} transitions, {result.trajectories} "
-                  f"trajectories, success rate {result.success_rate:.1%}")
+    console.print(
+        f"{out}: {verb} {result.transitions} transitions, {result.trajectories} "
+        f"trajectories, success rate {result.success_rate:.1%}"
+    )
 
 
 @app.command()
 def validate(
     file: Annotated[Path, typer.Argument(help="Transitions Parquet file.")],
-    quarantine: Annotated[Path | None, typer.Option(help="Where to write quarantined rows with "
-                                                         "their reasons.")] = None,
-    max_bad_fraction: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Largest quarantined fraction "
-                                                               "that passes.")] = None,
+    quarantine: Annotated[Path | None, typer.Option(help="Where to write quarantined rows with their reasons.")] = None,
+    max_bad_fraction: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="Largest quarantined fraction that passes.")
+    ] = None,
     report: Annotated[Path | None, typer.Option(help="Great Expectations result (JSON).")] = None,
     clean: Annotated[Path | None, typer.Option(help="Where to write the rows that passed.")] = None,
     metrics: Annotated[Path | None, typer.Option(help="Summary figures (JSON), e.g. for DVC.")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Check transitions with Great Expectations; quarantine bad rows (and their trajectories)."""
-    from dreamgym.data.validation import validate_transitions  # noqa: PLC0415
+    from dreamgym.data.validation import validate_transitions
 
     config = _config(params, {"validation.max_bad_fraction": max_bad_fraction})
-    result = validate_transitions(file, config.validation, quarantine_path=quarantine,
-                                  report_path=report, clean_path=clean, metrics_path=metrics)
+    result = validate_transitions(
+        file, config.validation, quarantine_path=quarantine, report_path=report, clean_path=clean, metrics_path=metrics
+    )
     console.print(result.summary(), markup=False)
     if not result.passed:
         raise typer.Exit(1)
@@ -202,9 +249,9 @@ def check_env_command(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Run the environment conformance check on the TextWorld adapter over a folder of games."""
-    from dreamgym.data.games import list_games  # noqa: PLC0415
-    from dreamgym.envs.checker import check_env  # noqa: PLC0415
-    from dreamgym.envs.textworld_env import TextWorldEnv, load_task  # noqa: PLC0415
+    from dreamgym.data.games import list_games
+    from dreamgym.envs.checker import check_env
+    from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 
     config = _config(params, {"env.max_steps": max_steps})
     tasks = [load_task(game) for game in list_games(games)]
@@ -212,13 +259,16 @@ def check_env_command(
     console.print(f"check_env passed on {len(tasks)} games")
 
 
-buffer_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The experience replay buffer (Postgres + "
-                                                    "pgvector; DATABASE_URL or embedded).")
+buffer_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The experience replay buffer (Postgres + pgvector; DATABASE_URL or embedded).",
+)
 app.add_typer(buffer_app, name="buffer")
 
 
 def _open_buffer(params: Path, config: PipelineConfig):
-    from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
+    from dreamgym.buffer.migrations import open_migrated
 
     run_dir = params.resolve().parent / config.paths.run_dir
     return open_migrated(run_dir, config.buffer)
@@ -231,14 +281,19 @@ def buffer_ingest(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Upsert transitions (embedding only those not stored yet); prints {"inserted", "skipped"}."""
-    from dreamgym.buffer.store import ingest_file  # noqa: PLC0415
-    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
+    from dreamgym.buffer.store import ingest_file
+    from dreamgym.data.schema import read_transitions
 
     config = _config(params)
     read_transitions(file)  # a bad file is reported before any server starts
     with _open_buffer(params, config) as database:
-        result = ingest_file(database, file, config.buffer, data_version,
-                             reward_range=(config.validation.reward_min, config.validation.reward_max))
+        result = ingest_file(
+            database,
+            file,
+            config.buffer,
+            data_version,
+            reward_range=(config.validation.reward_min, config.validation.reward_max),
+        )
     print(json.dumps({"inserted": result.inserted, "skipped": result.skipped}))
 
 
@@ -256,20 +311,20 @@ def buffer_query(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The transitions most similar to (task, state, action)."""
-    from sqlalchemy import text  # noqa: PLC0415
+    from sqlalchemy import text
 
-    from dreamgym.buffer.embeddings import Encoder, transition_text  # noqa: PLC0415
-    from dreamgym.buffer.retrieval import Filters, search  # noqa: PLC0415
+    from dreamgym.buffer.embeddings import Encoder, transition_text
+    from dreamgym.buffer.retrieval import Filters, search
 
     config = _config(params, {"buffer.top_k": k, "buffer.ef_search": ef_search})
     if source not in (None, "real", "synthetic"):
         raise DreamgymError(f"--source must be real or synthetic, got {source!r}")
     with _open_buffer(params, config) as database:
         with database.engine.connect() as connection:
-            instruction = connection.execute(text("SELECT instruction FROM tasks WHERE task_id = :t"),
-                                             {"t": task}).scalar()
-        filters = Filters(env=env, source=source,
-                          exclude_task_id=task if exclude_task and instruction else None)
+            instruction = connection.execute(
+                text("SELECT instruction FROM tasks WHERE task_id = :t"), {"t": task}
+            ).scalar()
+        filters = Filters(env=env, source=source, exclude_task_id=task if exclude_task and instruction else None)
         vector = Encoder(config.buffer.encoder).encode([transition_text(instruction or task, state, action)])
         [neighbours] = search(database, vector, config.buffer.top_k, filters, config.buffer.ef_search)
     hits = [{"similarity": round(n.similarity, 6), **n.transition} for n in neighbours]
@@ -278,8 +333,14 @@ def buffer_query(
         return
     table = Table("similarity", "task", "step", "action", "reward", "done")
     for hit in hits:
-        table.add_row(f"{hit['similarity']:.3f}", hit["task_id"], str(hit["step"]), hit["action"],
-                      f"{hit['reward']:g}", str(hit["terminated"] or hit["truncated"]))
+        table.add_row(
+            f"{hit['similarity']:.3f}",
+            hit["task_id"],
+            str(hit["step"]),
+            hit["action"],
+            f"{hit['reward']:g}",
+            str(hit["terminated"] or hit["truncated"]),
+        )
     Console().print(table)
 
 
@@ -289,7 +350,7 @@ def buffer_stats_command(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Counts by source and environment, index present, rows without embedding."""
-    from dreamgym.buffer.stats import buffer_stats  # noqa: PLC0415
+    from dreamgym.buffer.stats import buffer_stats
 
     config = _config(params)
     with _open_buffer(params, config) as database:
@@ -306,7 +367,9 @@ def buffer_stats_command(
     Console().print(table)
 
 
-experience_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The experience model (a learned environment).")
+experience_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="The experience model (a learned environment)."
+)
 app.add_typer(experience_app, name="experience")
 
 
@@ -314,50 +377,61 @@ app.add_typer(experience_app, name="experience")
 def experience_eval(
     games: Annotated[Path, typer.Option(help="Folder of held-out games (e.g. data/games/test).")],
     json_out: Annotated[Path, typer.Option("--json", help="Where to write the fidelity report.")],
-    model: Annotated[str, typer.Option(help="A model folder, models:/name/version, models:/name@alias, "
-                                            "or a registered name (its latest version).")] = "dreamgym-experience",
-    eval_games: Annotated[int | None, typer.Option(min=0, help="Games to use, 0 for all [default: "
-                                                        "experience.eval_games].")] = None,
+    model: Annotated[
+        str,
+        typer.Option(
+            help="A model folder, models:/name/version, models:/name@alias, or a registered name (its latest version)."
+        ),
+    ] = "dreamgym-experience",
+    eval_games: Annotated[
+        int | None, typer.Option(min=0, help="Games to use, 0 for all [default: experience.eval_games].")
+    ] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Fidelity of an experience model against the real game, on real transitions it never saw."""
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
-    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
-    from dreamgym.experience.fidelity import collect_real, evaluate  # noqa: PLC0415
-    from dreamgym.experience.generate import open_experience_model  # noqa: PLC0415
-    from dreamgym.experience.report import log_fidelity  # noqa: PLC0415
-    from dreamgym.registry import resolve_model  # noqa: PLC0415
-    from dreamgym.tracking import configure_services, experiment_id  # noqa: PLC0415
+    from dreamgym.data.schema import read_transitions
+    from dreamgym.experience.fidelity import collect_real, evaluate
+    from dreamgym.experience.generate import open_experience_model
+    from dreamgym.experience.report import log_fidelity
+    from dreamgym.registry import resolve_model
+    from dreamgym.tracking import configure_services, experiment_id
 
     config = _config(params, {"experience.eval_games": eval_games})
     project = params.resolve().parent
     run_dir = project / config.paths.run_dir
     if not games.is_dir():
-        raise DreamgymError(f"--games {games}: no such folder; make held-out games with "
-                            "`dreamgym games --split test`")
+        raise DreamgymError(f"--games {games}: no such folder; make held-out games with `dreamgym games --split test`")
     configure_services(run_dir)
     model_dir, label = resolve_model(model, run_dir / "models")
-    real = collect_real(games, project / config.paths.outputs_dir / "experience" /
-                        f"eval-{games.resolve().name}.parquet", config)
+    real = collect_real(
+        games, project / config.paths.outputs_dir / "experience" / f"eval-{games.resolve().name}.parquet", config
+    )
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
     with mlflow.start_run(run_name="experience-eval"):
-        mlflow.set_tags({"dreamgym.stage": "experience-eval", "dreamgym.model": label,
-                         "dreamgym.eval_games": str(games.resolve())})
+        mlflow.set_tags(
+            {"dreamgym.stage": "experience-eval", "dreamgym.model": label, "dreamgym.eval_games": str(games.resolve())}
+        )
         with open_experience_model(model_dir, run_dir, config) as experience:
-            report = evaluate(experience, read_transitions(real).to_pylist(), config.experience.multi_step,
-                              progress=True)
+            report = evaluate(
+                experience, read_transitions(real).to_pylist(), config.experience.multi_step, progress=True
+            )
         summary = log_fidelity(report)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps({"model": label, **summary}, indent=2))
-    console.print(f"next-state exact match {summary['next_state_exact_match']:.1%}, reward accuracy "
-                  f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
-                  f"parse failures {summary['parse_failure_rate']:.1%} on {summary['transitions']} "
-                  f"transitions → {json_out}")
+    console.print(
+        f"next-state exact match {summary['next_state_exact_match']:.1%}, reward accuracy "
+        f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
+        f"parse failures {summary['parse_failure_rate']:.1%} on {summary['transitions']} "
+        f"transitions → {json_out}"
+    )
     foreseen = summary["foreseeable"]
-    console.print(f"on the {foreseen['transitions']} foreseeable ones (next state names only what the "
-                  f"prompt shows): exact match {foreseen['next_state_exact_match']:.1%}, reward "
-                  f"{foreseen['reward_accuracy']:.1%}, done {foreseen['done_accuracy']:.1%}")
+    console.print(
+        f"on the {foreseen['transitions']} foreseeable ones (next state names only what the "
+        f"prompt shows): exact match {foreseen['next_state_exact_match']:.1%}, reward "
+        f"{foreseen['reward_accuracy']:.1%}, done {foreseen['done_accuracy']:.1%}"
+    )
 
 
 @experience_app.command("ablate")
@@ -366,11 +440,11 @@ def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
     seed and budget); writes outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
     config = _config(params)
     project_dir = params.resolve().parent
-    from dreamgym.tracking import configure_services  # noqa: PLC0415
+    from dreamgym.tracking import configure_services
 
     configure_services(project_dir / config.paths.run_dir)
-    from flows.ingest import ingest  # noqa: PLC0415 - imports Prefect, after its settings are set
-    from flows.train_experience import ablate_experience  # noqa: PLC0415
+    from flows.ingest import ingest  # imports Prefect, after its settings are set
+    from flows.train_experience import ablate_experience
 
     result = ablate_experience(config, ingest(config, str(project_dir)), str(project_dir))
     Console(soft_wrap=True).print(result["table"])
@@ -378,43 +452,75 @@ def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
 
 @app.command("eval")
 def policy_eval(
-    policy: Annotated[str, typer.Option(help="A policy folder, models:/name/version, models:/name@alias, "
-                                             "or a registered name (its latest version).")],
-    games: Annotated[Path, typer.Option(help="Folder of held-out games (e.g. data/games/test); the "
-                                             "first evaluation.games of them, sorted (0: all).")],
-    json_out: Annotated[Path, typer.Option("--json", help="Where to write the report; the per-episode "
-                                                          "table goes beside it as <name>.episodes.csv.")],
-    episodes_per_game: Annotated[int | None, typer.Option(min=1, help="Episodes per game [default: "
-                                                               "evaluation.episodes_per_game].")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED,
-                                             help="Seed of the sampled actions [default: params seed].")] = None,
-    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode [default: "
-                                                       "evaluation.max_steps].")] = None,
-    sample: Annotated[bool | None, typer.Option("--sample/--greedy", help="Sample actions (seeded) or take "
-                                                                        "the most likely [default: "
-                                                                        "evaluation.greedy].")] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="A policy folder, models:/name/version, models:/name@alias, or a registered name (its latest version)."
+        ),
+    ],
+    games: Annotated[
+        Path,
+        typer.Option(
+            help="Folder of held-out games (e.g. data/games/test); the first evaluation.games of them, sorted (0: all)."
+        ),
+    ],
+    json_out: Annotated[
+        Path,
+        typer.Option(
+            "--json", help="Where to write the report; the per-episode table goes beside it as <name>.episodes.csv."
+        ),
+    ],
+    episodes_per_game: Annotated[
+        int | None, typer.Option(min=1, help="Episodes per game [default: evaluation.episodes_per_game].")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(min=0, max=MAX_SEED, help="Seed of the sampled actions [default: params seed].")
+    ] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(min=1, help="Step limit per episode [default: evaluation.max_steps].")
+    ] = None,
+    sample: Annotated[
+        bool | None,
+        typer.Option(
+            "--sample/--greedy", help="Sample actions (seeded) or take the most likely [default: evaluation.greedy]."
+        ),
+    ] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Success rate of a policy in the real game on held-out games, with its 95% interval."""
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
-    from dreamgym.evaluation import (  # noqa: PLC0415
-        episodes_path, evaluate_policy, held_out_games, log_evaluation, write_episodes, write_json)
-    from dreamgym.envs.textworld_env import load_task  # noqa: PLC0415
-    from dreamgym.policy.model import load_policy  # noqa: PLC0415
-    from dreamgym.registry import resolve_model  # noqa: PLC0415
-    from dreamgym.tracking import configure_services, experiment_id, git_commit  # noqa: PLC0415
+    from dreamgym.envs.textworld_env import load_task
+    from dreamgym.evaluation import (
+        episodes_path,
+        evaluate_policy,
+        held_out_games,
+        log_evaluation,
+        write_episodes,
+        write_json,
+    )
+    from dreamgym.policy.model import load_policy
+    from dreamgym.registry import resolve_model
+    from dreamgym.tracking import configure_services, experiment_id, git_commit
 
-    config = _config(params, {"evaluation.episodes_per_game": episodes_per_game, "seed": seed,
-                              "evaluation.max_steps": max_steps,
-                              "evaluation.greedy": None if sample is None else not sample})
+    config = _config(
+        params,
+        {
+            "evaluation.episodes_per_game": episodes_per_game,
+            "seed": seed,
+            "evaluation.max_steps": max_steps,
+            "evaluation.greedy": None if sample is None else not sample,
+        },
+    )
     settings = config.evaluation
     project = params.resolve().parent
     run_dir = project / config.paths.run_dir
     game_files = held_out_games(config, games)
     if not policy.startswith("models:/") and "/" in policy and not Path(policy).is_dir():  # a path, not a name
-        raise DreamgymError(f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
-                            "give a registered one, e.g. models:/dreamgym-policy@champion")
+        raise DreamgymError(
+            f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
+            "give a registered one, e.g. models:/dreamgym-policy@champion"
+        )
     for game in game_files:  # a damaged game is reported before a run is opened, not as a FAILED run
         load_task(game)
     configure_services(run_dir)
@@ -422,38 +528,78 @@ def policy_eval(
     agent = load_policy(policy_dir, config.policy)
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
     with mlflow.start_run(run_name="policy-eval"):
-        mlflow.set_tags({"dreamgym.stage": "policy-eval", "dreamgym.policy": label,
-                         "dreamgym.eval_games": str(games.resolve()), "dreamgym.git_commit": git_commit(project)})
-        mlflow.log_params({"games": len(game_files), "episodes_per_game": settings.episodes_per_game,
-                           "seed": config.seed, "max_steps": settings.max_steps, "greedy": settings.greedy})
-        report = evaluate_policy(agent, game_files, settings.episodes_per_game, config.seed, settings.max_steps,
-                                 greedy=settings.greedy, progress=True)
-        write_json({"policy": label, "games": len(game_files), "seed": config.seed,
-                    "episodes_per_game": settings.episodes_per_game, "max_steps": settings.max_steps,
-                    "greedy": settings.greedy, **report.summary}, json_out)
+        mlflow.set_tags(
+            {
+                "dreamgym.stage": "policy-eval",
+                "dreamgym.policy": label,
+                "dreamgym.eval_games": str(games.resolve()),
+                "dreamgym.git_commit": git_commit(project),
+            }
+        )
+        mlflow.log_params(
+            {
+                "games": len(game_files),
+                "episodes_per_game": settings.episodes_per_game,
+                "seed": config.seed,
+                "max_steps": settings.max_steps,
+                "greedy": settings.greedy,
+            }
+        )
+        report = evaluate_policy(
+            agent,
+            game_files,
+            settings.episodes_per_game,
+            config.seed,
+            settings.max_steps,
+            greedy=settings.greedy,
+            progress=True,
+        )
+        write_json(
+            {
+                "policy": label,
+                "games": len(game_files),
+                "seed": config.seed,
+                "episodes_per_game": settings.episodes_per_game,
+                "max_steps": settings.max_steps,
+                "greedy": settings.greedy,
+                **report.summary,
+            },
+            json_out,
+        )
         write_episodes(report.records, episodes_path(json_out))
         log_evaluation(report, json_out)
     summary = report.summary
     lo, hi = summary["ci95"]
-    console.print(f"{label}: success {summary['success_rate']:.1%} (95% CI {lo:.1%}-{hi:.1%}) over "
-                  f"{summary['episodes']} episodes on {len(game_files)} games, mean return "
-                  f"{summary['mean_return']:.2f}, mean steps {summary['mean_steps']:.1f}, "
-                  f"{summary['real_transitions']} real transitions → {json_out}", markup=False)
+    console.print(
+        f"{label}: success {summary['success_rate']:.1%} (95% CI {lo:.1%}-{hi:.1%}) over "
+        f"{summary['episodes']} episodes on {len(game_files)} games, mean return "
+        f"{summary['mean_return']:.2f}, mean steps {summary['mean_steps']:.1f}, "
+        f"{summary['real_transitions']} real transitions → {json_out}",
+        markup=False,
+    )
 
 
 @app.command()
 def promote(
-    version: Annotated[str | None, typer.Option(help="Policy version to gate [default: the version "
-                                                     "aliased challenger].")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Decide and print only; change nothing "
-                                                            "in the registry.")] = False,
+    version: Annotated[
+        str | None, typer.Option(help="Policy version to gate [default: the version aliased challenger].")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and print only; change nothing in the registry.")
+    ] = False,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Make a policy version champion if it beats the champion (or BC) on the held-out games by
     more than promotion.margin, significantly (promotion.alpha); record the decision on it."""
-    from dreamgym.promotion import (  # noqa: PLC0415
-        CHALLENGER_ALIAS, POLICY_MODEL_NAME, alias_version, describe, gate, held_out_evaluator)
-    from dreamgym.tracking import configure_services  # noqa: PLC0415
+    from dreamgym.promotion import (
+        CHALLENGER_ALIAS,
+        POLICY_MODEL_NAME,
+        alias_version,
+        describe,
+        gate,
+        held_out_evaluator,
+    )
+    from dreamgym.tracking import configure_services
 
     config = _config(params)
     project = params.resolve().parent
@@ -461,26 +607,29 @@ def promote(
     version = version or alias_version(POLICY_MODEL_NAME, CHALLENGER_ALIAS)
     if version is None:
         raise DreamgymError("no challenger; run the pipeline (dreamgym run) first")
-    decision = gate(POLICY_MODEL_NAME, version, config.promotion, evaluate=held_out_evaluator(config, project),
-                    dry_run=dry_run)
+    decision = gate(
+        POLICY_MODEL_NAME, version, config.promotion, evaluate=held_out_evaluator(config, project), dry_run=dry_run
+    )
     console.print(describe(decision, dry_run), markup=False)
 
 
 @app.command()
 def serve(
     name: Annotated[str, typer.Option("--name", help="Deployment of prefect.yaml to serve.")] = "nightly",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the local Prefect server started when "
-                                           "PREFECT_API_URL is unset.")] = 4200,
+    port: Annotated[
+        int,
+        typer.Option(min=1, max=65535, help="Port of the local Prefect server started when PREFECT_API_URL is unset."),
+    ] = 4200,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Serve a deployment of prefect.yaml from this machine, on its schedule and with its
     parameters (no work pool or worker). Uses the Prefect server PREFECT_API_URL names, else starts
     one here (the temporary one has no scheduler) with its UI at http://127.0.0.1:PORT."""
-    import contextlib  # noqa: PLC0415
-    import os  # noqa: PLC0415
+    import contextlib
+    import os
 
-    from dreamgym.schedule import load_deployment, local_prefect_server  # noqa: PLC0415
-    from dreamgym.tracking import configure_services  # noqa: PLC0415
+    from dreamgym.schedule import load_deployment, local_prefect_server
+    from dreamgym.tracking import configure_services
 
     config = _config(params)
     project = params.resolve().parent
@@ -488,12 +637,14 @@ def serve(
     spec = load_deployment(project, name)
     served_params = spec.parameters.get("params")
     if served_params is not None and (project / str(served_params)).resolve() != params.resolve():
-        raise DreamgymError(f"--params {params}: deployment {spec.name!r} runs with params="
-                            f"{served_params!r} (prefect.yaml); serve that file, or change the "
-                            "deployment's parameters in prefect.yaml")
-    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415 - after configure_services
+        raise DreamgymError(
+            f"--params {params}: deployment {spec.name!r} runs with params="
+            f"{served_params!r} (prefect.yaml); serve that file, or change the "
+            "deployment's parameters in prefect.yaml"
+        )
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # after configure_services
 
-    from dreamgym.schedule import deployment_options, load_flow  # noqa: PLC0415
+    from dreamgym.schedule import deployment_options, load_flow
 
     with contextlib.ExitStack() as stack:
         if not PREFECT_API_URL.value():
@@ -502,10 +653,12 @@ def serve(
             stack.enter_context(temporary_settings({PREFECT_API_URL: url}))
         os.chdir(project)  # every run resolves the entrypoint and the relative params path here
         pipeline_flow = load_flow(spec, project)
-        print(f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
-              f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
-              f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
-              flush=True)
+        print(
+            f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
+            f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
+            f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
+            flush=True,
+        )
         pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
 
 

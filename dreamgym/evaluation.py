@@ -80,7 +80,7 @@ def eval_set_id(game_names: Sequence[str], settings: dict, seed: int) -> str:
 def held_out_games(config: PipelineConfig, games_dir: str | Path) -> list[Path]:
     """The frozen held-out set: the first `evaluation.games` (0: all) games of `games_dir` (the
     test split, `<data_dir>/games/test`), sorted."""
-    return list_games(games_dir)[:config.evaluation.games or None]
+    return list_games(games_dir)[: config.evaluation.games or None]
 
 
 def current_eval_set(config: PipelineConfig, games: list[Path]) -> str:
@@ -96,10 +96,16 @@ class EvaluationReport:
 
 def episode_record(game: Path, episode_index: int, episode: Episode) -> dict:
     """One row of the per-episode table."""
-    return {"game": game.name, "task_id": episode.task.task_id, "episode": episode_index,
-            "won": episode.won, "truncated": episode.truncated, "return": episode.episode_return("score"),
-            "steps": episode.steps,
-            "actions": ACTION_SEPARATOR.join(decision.action for decision in episode.decisions)}
+    return {
+        "game": game.name,
+        "task_id": episode.task.task_id,
+        "episode": episode_index,
+        "won": episode.won,
+        "truncated": episode.truncated,
+        "return": episode.episode_return("score"),
+        "steps": episode.steps,
+        "actions": ACTION_SEPARATOR.join(decision.action for decision in episode.decisions),
+    }
 
 
 def summarize(records: Sequence[dict]) -> dict:
@@ -108,27 +114,39 @@ def summarize(records: Sequence[dict]) -> dict:
     wins = sum(bool(record["won"]) for record in records)
     steps = sum(record["steps"] for record in records)
     lo, hi = wilson_interval(wins, n)
-    return {"episodes": n, "wins": wins, "success_rate": wins / n if n else 0.0, "ci95": [lo, hi],
-            "mean_return": sum(record["return"] for record in records) / n if n else 0.0,
-            "mean_steps": steps / n if n else 0.0, "real_transitions": steps}
+    return {
+        "episodes": n,
+        "wins": wins,
+        "success_rate": wins / n if n else 0.0,
+        "ci95": [lo, hi],
+        "mean_return": sum(record["return"] for record in records) / n if n else 0.0,
+        "mean_steps": steps / n if n else 0.0,
+        "real_transitions": steps,
+    }
 
 
-def evaluate_policy(policy: Policy, games: Sequence[str | Path], episodes_per_game: int, seed: int,
-                    max_steps: int, greedy: bool = True, batch: int = 16,
-                    progress: bool = True) -> EvaluationReport:
+def evaluate_policy(
+    policy: Policy,
+    games: Sequence[str | Path],
+    episodes_per_game: int,
+    seed: int,
+    max_steps: int,
+    greedy: bool = True,
+    batch: int = 16,
+    progress: bool = True,
+) -> EvaluationReport:
     """Play every game `episodes_per_game` times in the real game; see the module docstring.
 
     Sampled episodes depend on the batch size too (the batch's actions are drawn in turn from
     one generator): compare sampled evaluations run with the same `batch`.
     """
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    from tqdm.auto import tqdm
 
     if episodes_per_game < 1 or batch < 1:
         raise ValueError(f"episodes_per_game and batch must be at least 1, got {episodes_per_game} and {batch}")
     games = [Path(game) for game in games]
     if not games:
-        raise DreamgymError("no games to evaluate on; generate held-out games with "
-                            "`dreamgym games --split test`")
+        raise DreamgymError("no games to evaluate on; generate held-out games with `dreamgym games --split test`")
     plan = [(game, load_task(game), index) for game in games for index in range(episodes_per_game)]
     generator = torch.Generator().manual_seed(seed)
     envs = [TextWorldEnv(max_steps=max_steps) for _ in range(min(batch, len(plan)))]
@@ -138,11 +156,19 @@ def evaluate_policy(policy: Policy, games: Sequence[str | Path], episodes_per_ga
     try:
         with tqdm(total=len(plan), desc="policy eval", unit="episode", disable=not progress) as bar:
             for start in range(0, len(plan), batch):
-                chunk = plan[start:start + batch]
-                played = play(policy, envs[:len(chunk)], [task for _, task, _ in chunk], greedy=greedy,
-                              generator=generator, budget=RealBudget(None))
-                records += [episode_record(game, index, episode)
-                            for (game, _, index), episode in zip(chunk, played, strict=True)]
+                chunk = plan[start : start + batch]
+                played = play(
+                    policy,
+                    envs[: len(chunk)],
+                    [task for _, task, _ in chunk],
+                    greedy=greedy,
+                    generator=generator,
+                    budget=RealBudget(None),
+                )
+                records += [
+                    episode_record(game, index, episode)
+                    for (game, _, index), episode in zip(chunk, played, strict=True)
+                ]
                 bar.update(len(chunk))
     finally:
         policy.train(was_training)
@@ -184,7 +210,7 @@ def evaluation_metrics(summary: dict, prefix: str = "eval_") -> dict[str, float]
 def log_evaluation(report: EvaluationReport, json_path: str | Path, prefix: str = "eval_") -> None:
     """Log the report's metrics and its two files, already written (`json_path` and the table
     beside it, `episodes_path`), to the active MLflow run under `evaluation/`."""
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
     mlflow.log_metrics(evaluation_metrics(report.summary, prefix))
     mlflow.log_artifact(str(json_path), artifact_path="evaluation")

@@ -26,8 +26,12 @@ class Link:
 def _version_link(client, version, kind: str) -> tuple[Link, object]:
     run = client.get_run(version.run_id)
     tags = run.data.tags
-    facts = {"run": version.run_id, "stage": tags.get("dreamgym.stage", "?"),
-             "git_commit": tags.get("git_commit", "?"), "data_md5": tags.get("dreamgym.data_md5", "?")}
+    facts = {
+        "run": version.run_id,
+        "stage": tags.get("dreamgym.stage", "?"),
+        "git_commit": tags.get("git_commit", "?"),
+        "data_md5": tags.get("dreamgym.data_md5", "?"),
+    }
     aliases = getattr(version, "aliases", None) or []
     if aliases:
         facts["aliases"] = ", ".join(sorted(aliases))
@@ -42,7 +46,7 @@ def _version_link(client, version, kind: str) -> tuple[Link, object]:
 
 def lineage(reference: str) -> list[Link]:
     """The chain behind a registered model version, newest first."""
-    import mlflow  # noqa: PLC0415 - slow import
+    import mlflow  # slow import
 
     client = mlflow.MlflowClient()
     version = model_version(client, reference)
@@ -68,12 +72,17 @@ def lineage(reference: str) -> list[Link]:
     parent_id = run.data.tags.get("mlflow.parentRunId")
     if parent_id:
         parent = client.get_run(parent_id)
-        facts = {"run": parent_id, "git_commit": parent.data.tags.get("git_commit", "?"),
-                 "prefect_flow_run": parent.data.tags.get("prefect.flow_run_id", "?"),
-                 "parameters": str(len(parent.data.params)),
-                 "config": f"mlflow artifacts download -r {parent_id} -a config/params.json"}
+        facts = {
+            "run": parent_id,
+            "git_commit": parent.data.tags.get("git_commit", "?"),
+            "prefect_flow_run": parent.data.tags.get("prefect.flow_run_id", "?"),
+            "parameters": str(len(parent.data.params)),
+            "config": f"mlflow artifacts download -r {parent_id} -a config/params.json",
+        }
         links.append(Link("pipeline", f"pipeline run {parent.info.run_name}", facts))
     if len(links) == 1:
-        raise RegistryError(f"{reference}: its run records no experience model, data or pipeline run; "
-                            "was it registered by the pipeline (dreamgym run)?")
+        raise RegistryError(
+            f"{reference}: its run records no experience model, data or pipeline run; "
+            "was it registered by the pipeline (dreamgym run)?"
+        )
     return links

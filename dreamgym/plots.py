@@ -7,8 +7,8 @@ from pathlib import Path
 
 def new_figure(width: float = 7, height: float = 4):
     """A figure and its one axis, drawn by the Agg canvas."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 - slow import
-    from matplotlib.figure import Figure  # noqa: PLC0415
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # slow import
+    from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height))
     FigureCanvasAgg(figure)

@@ -45,8 +45,9 @@ class PromotionError(DreamgymError):
 
 def _check_count(successes: int, n: int, what: str) -> None:
     if n <= 0 or not 0 <= successes <= n:
-        raise PromotionError(f"{what}: {successes} successes of {n} episodes; need at least one "
-                             "episode and 0 <= successes <= episodes")
+        raise PromotionError(
+            f"{what}: {successes} successes of {n} episodes; need at least one episode and 0 <= successes <= episodes"
+        )
 
 
 def one_sided_p_value(successes_a: int, n_a: int, successes_b: int, n_b: int) -> float:
@@ -112,16 +113,24 @@ class Decision:
 
     def tags(self) -> dict[str, str]:
         """What the challenger's model version records about the decision."""
-        return {"promotion.decision": "promoted" if self.promote else "rejected",
-                "promotion.baseline": self.baseline.label, "promotion.p_value": f"{self.p_value:.6g}",
-                "promotion.reason": self.reason, "promotion.challenger_rate": f"{self.challenger.rate:.6g}",
-                "promotion.baseline_rate": f"{self.baseline.rate:.6g}"}
+        return {
+            "promotion.decision": "promoted" if self.promote else "rejected",
+            "promotion.baseline": self.baseline.label,
+            "promotion.p_value": f"{self.p_value:.6g}",
+            "promotion.reason": self.reason,
+            "promotion.challenger_rate": f"{self.challenger.rate:.6g}",
+            "promotion.baseline_rate": f"{self.baseline.rate:.6g}",
+        }
 
     def metrics(self) -> dict[str, float]:
         """The decision as MLflow metrics, for a run that wants to log it."""
-        return {"promotion_promoted": float(self.promote), "promotion_p_value": self.p_value,
-                "promotion_challenger_rate": self.challenger.rate, "promotion_baseline_rate": self.baseline.rate,
-                "promotion_difference": self.difference}
+        return {
+            "promotion_promoted": float(self.promote),
+            "promotion_p_value": self.p_value,
+            "promotion_challenger_rate": self.challenger.rate,
+            "promotion_baseline_rate": self.baseline.rate,
+            "promotion_difference": self.difference,
+        }
 
 
 def _beats_by_more_than(challenger: Score, baseline: Score, margin: float) -> bool:
@@ -135,24 +144,34 @@ def decide(challenger: Score, baseline: Score, config: PromotionConfig) -> Decis
     """Promote iff the challenger's rate beats the baseline's by more than the margin (a tie never
     wins) and the one-sided test is significant (p < alpha)."""
     if challenger.eval_set != baseline.eval_set:
-        raise PromotionError(f"challenger {challenger.label} was evaluated on eval set {challenger.eval_set} "
-                             f"but {baseline.label} on {baseline.eval_set}: success rates are comparable only "
-                             "on the same frozen held-out set (games, evaluation settings and seed)")
+        raise PromotionError(
+            f"challenger {challenger.label} was evaluated on eval set {challenger.eval_set} "
+            f"but {baseline.label} on {baseline.eval_set}: success rates are comparable only "
+            "on the same frozen held-out set (games, evaluation settings and seed)"
+        )
     p_value = one_sided_p_value(challenger.successes, challenger.episodes, baseline.successes, baseline.episodes)
     better = _beats_by_more_than(challenger, baseline, config.margin)
     significant = p_value < config.alpha
-    compared = (f"challenger {challenger.label} {challenger} vs {_baseline_name(baseline)} {baseline}: "
-                f"difference {_points(challenger.rate - baseline.rate)}")
+    compared = (
+        f"challenger {challenger.label} {challenger} vs {_baseline_name(baseline)} {baseline}: "
+        f"difference {_points(challenger.rate - baseline.rate)}"
+    )
     test = f"p={p_value:.3g}"
     if not better:
         reason = f"{compared} is not above margin {_points(config.margin)} ({test})"
     elif not significant:
-        reason = (f"{compared} > margin {_points(config.margin)} but not significant: "
-                  f"{test} >= alpha {config.alpha:g}")
+        reason = f"{compared} > margin {_points(config.margin)} but not significant: {test} >= alpha {config.alpha:g}"
     else:
         reason = f"{compared} > margin {_points(config.margin)}, {test} < alpha {config.alpha:g}"
-    return Decision(promote=better and significant, challenger=challenger, baseline=baseline,
-                    margin=config.margin, alpha=config.alpha, p_value=p_value, reason=reason)
+    return Decision(
+        promote=better and significant,
+        challenger=challenger,
+        baseline=baseline,
+        margin=config.margin,
+        alpha=config.alpha,
+        p_value=p_value,
+        reason=reason,
+    )
 
 
 # Registry side ---------------------------------------------------------------------------------
@@ -166,14 +185,17 @@ def _int_tags(version, keys: tuple[str, ...]) -> tuple[str, int, int]:
     """The eval set and the two counts named by `keys`, from `version`'s tags."""
     for key in keys:
         if key not in version.tags:
-            raise PromotionError(f"{_uri(version)} has no tag '{key}': it was not registered by the pipeline "
-                                 f"(dreamgym run), which tags each policy version with {', '.join(keys)}")
+            raise PromotionError(
+                f"{_uri(version)} has no tag '{key}': it was not registered by the pipeline "
+                f"(dreamgym run), which tags each policy version with {', '.join(keys)}"
+            )
     eval_set, successes, episodes = (version.tags[key] for key in keys)
     try:
         return eval_set, int(successes), int(episodes)
     except ValueError:
-        raise PromotionError(f"{_uri(version)}: tags {keys[1]}={successes!r} and {keys[2]}={episodes!r} "
-                             "must be whole numbers") from None
+        raise PromotionError(
+            f"{_uri(version)}: tags {keys[1]}={successes!r} and {keys[2]}={episodes!r} must be whole numbers"
+        ) from None
 
 
 def version_score(version) -> Score:
@@ -189,13 +211,13 @@ def bc_score(version) -> Score:
 
 
 def _client():
-    import mlflow  # noqa: PLC0415 - slow import
+    import mlflow  # slow import
 
     return mlflow.MlflowClient()
 
 
 def _registered_model(client, name: str):
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException
 
     try:
         return client.get_registered_model(name)
@@ -218,13 +240,15 @@ def set_challenger(name: str, version: str) -> None:
 
 
 def _model_version(client, name: str, version: str):
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException
 
     try:
         return client.get_model_version(name, str(version))
     except MlflowException as error:
-        raise PromotionError(f"no version {version} of registered model {name!r} ({error.message}); "
-                             "run the pipeline (dreamgym run) to register one") from None
+        raise PromotionError(
+            f"no version {version} of registered model {name!r} ({error.message}); "
+            "run the pipeline (dreamgym run) to register one"
+        ) from None
 
 
 def _champion_score(champion, eval_set: str, evaluate: Callable[[str], Score] | None) -> Score:
@@ -232,20 +256,35 @@ def _champion_score(champion, eval_set: str, evaluate: Callable[[str], Score] | 
     if champion.tags.get("eval_set") == eval_set:
         return version_score(champion)
     if evaluate is None:
-        raise PromotionError(f"champion {_uri(champion)} was evaluated on eval set "
-                             f"{champion.tags.get('eval_set', '(none)')}, not the challenger's {eval_set}; "
-                             "it must be evaluated again on the current held-out games (dreamgym promote "
-                             "does this)")
+        raise PromotionError(
+            f"champion {_uri(champion)} was evaluated on eval set "
+            f"{champion.tags.get('eval_set', '(none)')}, not the challenger's {eval_set}; "
+            "it must be evaluated again on the current held-out games (dreamgym promote "
+            "does this)"
+        )
     return evaluate(_uri(champion))
 
 
 def _already_champion(challenger: Score, config: PromotionConfig) -> Decision:
-    return Decision(promote=False, challenger=challenger, baseline=challenger, margin=config.margin,
-                    alpha=config.alpha, p_value=1.0, reason=f"challenger {challenger.label} is already the champion; nothing to do")
+    return Decision(
+        promote=False,
+        challenger=challenger,
+        baseline=challenger,
+        margin=config.margin,
+        alpha=config.alpha,
+        p_value=1.0,
+        reason=f"challenger {challenger.label} is already the champion; nothing to do",
+    )
 
 
-def gate(name: str, challenger_version: str, config: PromotionConfig, *,
-         evaluate: Callable[[str], Score] | None = None, dry_run: bool = False) -> Decision:
+def gate(
+    name: str,
+    challenger_version: str,
+    config: PromotionConfig,
+    *,
+    evaluate: Callable[[str], Score] | None = None,
+    dry_run: bool = False,
+) -> Decision:
     """Decide whether `challenger_version` of `name` replaces the champion; see the module docstring.
 
     `evaluate(models:/name/version)` measures a policy on the challenger's evaluation set; it is
@@ -260,8 +299,11 @@ def gate(name: str, challenger_version: str, config: PromotionConfig, *,
     champion_version = alias_version(name, CHAMPION_ALIAS)
     if champion_version == str(challenger_mv.version):
         return _already_champion(challenger, config)
-    baseline = (bc_score(challenger_mv) if champion_version is None else
-                _champion_score(_model_version(client, name, champion_version), challenger.eval_set, evaluate))
+    baseline = (
+        bc_score(challenger_mv)
+        if champion_version is None
+        else _champion_score(_model_version(client, name, champion_version), challenger.eval_set, evaluate)
+    )
     decision = decide(challenger, baseline, config)
     if not dry_run:
         for key, value in decision.tags().items():
@@ -279,15 +321,21 @@ def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Calla
     seeded as `evaluation` says, and return its Score there. Nothing is loaded until it is called."""
 
     def evaluate(reference: str) -> Score:
-        from dreamgym.evaluation import current_eval_set, evaluate_policy, held_out_games  # noqa: PLC0415
-        from dreamgym.policy.model import load_policy  # noqa: PLC0415
-        from dreamgym.registry import resolve_model  # noqa: PLC0415
+        from dreamgym.evaluation import current_eval_set, evaluate_policy, held_out_games
+        from dreamgym.policy.model import load_policy
+        from dreamgym.registry import resolve_model
 
         games = held_out_games(config, Path(project_dir) / config.paths.data_dir / "games" / "test")
         policy_dir, label = resolve_model(reference, Path(project_dir) / config.paths.run_dir / "models")
         settings = config.evaluation
-        report = evaluate_policy(load_policy(policy_dir, config.policy), games, settings.episodes_per_game,
-                                 config.seed, settings.max_steps, greedy=settings.greedy)
+        report = evaluate_policy(
+            load_policy(policy_dir, config.policy),
+            games,
+            settings.episodes_per_game,
+            config.seed,
+            settings.max_steps,
+            greedy=settings.greedy,
+        )
         return Score(label, report.summary["wins"], report.summary["episodes"], current_eval_set(config, games))
 
     return evaluate
@@ -297,4 +345,3 @@ def describe(decision: Decision, dry_run: bool = False) -> str:
     """The line `dreamgym promote` prints."""
     verdict = "promoted to champion" if decision.promote else "not promoted"
     return f"{verdict}: {decision.reason}" + (" (dry run: nothing changed)" if dry_run else "")
-

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from dreamgym.errors import DreamgymError
 
-
 MODEL_KEY_TAG = "dreamgym.model_key"
 
 
@@ -25,7 +24,7 @@ class RegistryError(DreamgymError):
 
 def find_version(name: str, key: str) -> str | None:
     """The version of `name` registered for the model identified by `key`, if any."""
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
     for version in mlflow.MlflowClient().search_model_versions(f"name = '{name}'"):
         if version.tags.get(MODEL_KEY_TAG) == key:
@@ -39,8 +38,8 @@ def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[st
     `key` identifies the model (what it was trained from and how); a model already registered
     with that key is not registered again, so a re-run pipeline does not pile up copies.
     """
-    import mlflow  # noqa: PLC0415 - slow import
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    import mlflow  # slow import
+    from mlflow.exceptions import MlflowException
 
     run = mlflow.active_run()
     if run is None:
@@ -55,19 +54,22 @@ def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[st
     except MlflowException as error:
         if error.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version = client.create_model_version(name, source=f"{run.info.artifact_uri}/model",
-                                          run_id=run.info.run_id, tags={**(tags or {}), MODEL_KEY_TAG: key})
+    version = client.create_model_version(
+        name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags={**(tags or {}), MODEL_KEY_TAG: key}
+    )
     return version.version
 
 
 def model_version(client, reference: str):
     """The registered version a `models:/name/version`, `models:/name@alias` or bare name (its
     latest version) reference names."""
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    from mlflow.exceptions import MlflowException
 
     if reference.startswith("models:") and not reference.startswith("models:/"):
-        raise RegistryError(f"{reference!r} is not a model URI: write models:/NAME/VERSION or models:/NAME@ALIAS "
-                            f"(e.g. models:/{reference.removeprefix('models:').strip('/')}@champion)")
+        raise RegistryError(
+            f"{reference!r} is not a model URI: write models:/NAME/VERSION or models:/NAME@ALIAS "
+            f"(e.g. models:/{reference.removeprefix('models:').strip('/')}@champion)"
+        )
     body = reference.removeprefix("models:/")
     try:
         if "@" in body:
@@ -76,16 +78,20 @@ def model_version(client, reference: str):
         if "/" in body:
             name, number = body.split("/", 1)
             return client.get_model_version(name, number)
-        versions = client.search_model_versions(f"name = '{body}'", order_by=["version_number DESC"],
-                                                max_results=1)
+        versions = client.search_model_versions(f"name = '{body}'", order_by=["version_number DESC"], max_results=1)
     except MlflowException as error:
-        raise RegistryError(f"model {reference!r} not found in the MLflow registry "
-                            f"({error.message}); name a registered version: models:/NAME/VERSION or "
-                            "models:/NAME@ALIAS") from None
+        raise RegistryError(
+            f"model {reference!r} not found in the MLflow registry "
+            f"({error.message}); name a registered version: models:/NAME/VERSION or "
+            "models:/NAME@ALIAS"
+        ) from None
     if not versions:
         names = sorted(model.name for model in client.search_registered_models())
-        known = f"registered models: {', '.join(names)}" if names else "nothing is registered yet: `dreamgym run` " \
-            "registers the experience model and the policy"
+        known = (
+            f"registered models: {', '.join(names)}"
+            if names
+            else "nothing is registered yet: `dreamgym run` registers the experience model and the policy"
+        )
         raise RegistryError(f"no registered versions of {body!r} ({known})")
     return versions[0]
 
@@ -95,7 +101,7 @@ def resolve_model(reference: str, cache_dir: str | Path) -> tuple[Path, str]:
     local = Path(reference)
     if local.is_dir():
         return local, str(local)
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
     version = model_version(mlflow.MlflowClient(), reference)
     target = Path(cache_dir) / f"{version.name}-v{version.version}"

@@ -48,22 +48,22 @@ def load_deployment(project_dir: str | Path, name: str = "nightly") -> Deploymen
     """Read deployment `name` from `<project_dir>/prefect.yaml`; the cron is checked by Prefect."""
     path = Path(project_dir) / PROJECT_FILE
     if not path.is_file():
-        raise DreamgymError(f"{path}: not found; scheduled retraining is defined in the project's "
-                            f"{PROJECT_FILE} (run from the project folder or pass --params)")
+        raise DreamgymError(
+            f"{path}: not found; scheduled retraining is defined in the project's "
+            f"{PROJECT_FILE} (run from the project folder or pass --params)"
+        )
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise DreamgymError(f"{path}: not valid YAML ({_one_line(exc)}); fix it in {PROJECT_FILE}") from exc
     deployments = (document or {}).get("deployments") if isinstance(document, dict) else None
     if not isinstance(deployments, list):
-        raise DreamgymError(f"{path}: no `deployments:` list; add one (see the README, "
-                            "Scheduled retraining)")
+        raise DreamgymError(f"{path}: no `deployments:` list; add one (see the README, Scheduled retraining)")
     entries = [entry for entry in deployments if isinstance(entry, dict)]
     matches = [entry for entry in entries if entry.get("name") == name]
     if not matches:
         known = ", ".join(repr(entry.get("name")) for entry in entries) or "none"
-        raise DreamgymError(f"{path}: no deployment named {name!r} (defined: {known}); "
-                            "pass --name with one of those")
+        raise DreamgymError(f"{path}: no deployment named {name!r} (defined: {known}); pass --name with one of those")
     if len(matches) > 1:
         raise DreamgymError(f"{path}: {len(matches)} deployments are named {name!r}; rename all but one")
     entry = matches[0]
@@ -71,23 +71,28 @@ def load_deployment(project_dir: str | Path, name: str = "nightly") -> Deploymen
 
     entrypoint = entry.get("entrypoint")
     if not isinstance(entrypoint, str) or ":" not in entrypoint:
-        raise DreamgymError(f"{where}: entrypoint {entrypoint!r} is not `path/to/file.py:flow_function`; "
-                            f"fix it in {PROJECT_FILE}")
+        raise DreamgymError(
+            f"{where}: entrypoint {entrypoint!r} is not `path/to/file.py:flow_function`; fix it in {PROJECT_FILE}"
+        )
     parameters = entry.get("parameters") or {}
     if not isinstance(parameters, dict):
-        raise DreamgymError(f"{where}: parameters must be a mapping, got {parameters!r}; fix it in "
-                            f"{PROJECT_FILE}")
+        raise DreamgymError(f"{where}: parameters must be a mapping, got {parameters!r}; fix it in {PROJECT_FILE}")
 
     cron, timezone = _cron_schedule(entry, where)
 
     work_pool = entry.get("work_pool") or {}
     if not isinstance(work_pool, dict):
-        raise DreamgymError(f"{where}: work_pool must be a mapping (name, work_queue_name); fix it in "
-                            f"{PROJECT_FILE}")
-    return DeploymentSpec(name=name, entrypoint=entrypoint, parameters=dict(parameters), cron=cron,
-                          timezone=timezone, work_pool=work_pool.get("name"),
-                          work_queue=work_pool.get("work_queue_name"),
-                          work_pool_type=work_pool.get("type"))
+        raise DreamgymError(f"{where}: work_pool must be a mapping (name, work_queue_name); fix it in {PROJECT_FILE}")
+    return DeploymentSpec(
+        name=name,
+        entrypoint=entrypoint,
+        parameters=dict(parameters),
+        cron=cron,
+        timezone=timezone,
+        work_pool=work_pool.get("name"),
+        work_queue=work_pool.get("work_queue_name"),
+        work_pool_type=work_pool.get("type"),
+    )
 
 
 def _cron_schedule(entry: dict[str, Any], where: str) -> tuple[str, str]:
@@ -102,12 +107,13 @@ def _cron_schedule(entry: dict[str, Any], where: str) -> tuple[str, str]:
     if not crons:
         raise DreamgymError(f"{where}: no cron schedule; {fix}")
     if len(crons) > 1:
-        raise DreamgymError(f"{where}: {len(crons)} cron schedules; dreamgym serve takes one, keep one "
-                            f"in {PROJECT_FILE}")
+        raise DreamgymError(
+            f"{where}: {len(crons)} cron schedules; dreamgym serve takes one, keep one in {PROJECT_FILE}"
+        )
     item = crons[0]
 
-    from pydantic import ValidationError  # noqa: PLC0415
-    from prefect.client.schemas.schedules import CronSchedule  # noqa: PLC0415 - imports Prefect
+    from prefect.client.schemas.schedules import CronSchedule  # imports Prefect
+    from pydantic import ValidationError
 
     options = {key: item[key] for key in ("timezone", "day_or") if item.get(key) is not None}
     try:
@@ -115,40 +121,48 @@ def _cron_schedule(entry: dict[str, Any], where: str) -> tuple[str, str]:
     except ValidationError as exc:
         reasons = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors())
         zone = f" (timezone {options['timezone']!r})" if "timezone" in options else ""
-        raise DreamgymError(f"{where}: cron {item['cron']!r}{zone} is not valid: {reasons}; "
-                            f"fix it in {PROJECT_FILE}") from exc
+        raise DreamgymError(
+            f"{where}: cron {item['cron']!r}{zone} is not valid: {reasons}; fix it in {PROJECT_FILE}"
+        ) from exc
     return schedule.cron, schedule.timezone or "UTC"
 
 
 def deployment_options(spec: DeploymentSpec) -> dict[str, Any]:
     """Keyword arguments for `Flow.serve` / `Flow.to_deployment`: the spec's name, schedule (with
     its timezone: `cron=` alone would drop it) and parameters."""
-    from prefect.schedules import Cron  # noqa: PLC0415 - imports Prefect
+    from prefect.schedules import Cron  # imports Prefect
 
-    return {"name": spec.name, "schedules": [Cron(spec.cron, timezone=spec.timezone)],
-            "parameters": dict(spec.parameters)}
+    return {
+        "name": spec.name,
+        "schedules": [Cron(spec.cron, timezone=spec.timezone)],
+        "parameters": dict(spec.parameters),
+    }
 
 
 def load_flow(spec: DeploymentSpec, project_dir: str | Path) -> Flow:
     """The Prefect flow the spec's entrypoint names, loaded from `project_dir` (put first on
     `sys.path` so the entrypoint's `flows.*` / `dreamgym.*` imports come from that checkout)."""
-    from prefect.exceptions import MissingFlowError  # noqa: PLC0415 - imports Prefect
-    from prefect.flows import load_flow_from_entrypoint  # noqa: PLC0415
+    from prefect.exceptions import MissingFlowError  # imports Prefect
+    from prefect.flows import load_flow_from_entrypoint
 
     project_dir = Path(project_dir).resolve()
     path, _, function = spec.entrypoint.rpartition(":")
     script = project_dir / path
     if not script.is_file():
-        raise DreamgymError(f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: {script} not "
-                            f"found; fix the entrypoint in {PROJECT_FILE}")
+        raise DreamgymError(
+            f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: {script} not "
+            f"found; fix the entrypoint in {PROJECT_FILE}"
+        )
     if str(project_dir) not in sys.path:
         sys.path.insert(0, str(project_dir))
     try:
         # No placeholder flow: a script that fails to import must fail here, not when it runs.
         return load_flow_from_entrypoint(f"{script}:{function}", use_placeholder_flow=False)
     except MissingFlowError as exc:
-        raise DreamgymError(f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: "
-                            f"{str(exc).strip()}; fix the entrypoint in {PROJECT_FILE}") from exc
+        raise DreamgymError(
+            f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: "
+            f"{str(exc).strip()}; fix the entrypoint in {PROJECT_FILE}"
+        ) from exc
 
 
 @contextmanager
@@ -162,18 +176,26 @@ def local_prefect_server(prefect_home: str | Path, port: int = 4200, timeout: fl
     environment["PREFECT_HOME"] = str(prefect_home)
     log_path = prefect_home / "server.log"
     with log_path.open("ab") as log:
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port)], env=environment, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + timeout
         while not _healthy(url):
             if server.poll() is not None:
                 tail = " ".join(log_path.read_text(errors="replace").split()[-40:])
-                raise DreamgymError(f"the local Prefect server stopped at start (port {port} taken?): ...{tail}; "
-                                    "pass --port with a free port, or set PREFECT_API_URL to a running server")
+                raise DreamgymError(
+                    f"the local Prefect server stopped at start (port {port} taken?): ...{tail}; "
+                    "pass --port with a free port, or set PREFECT_API_URL to a running server"
+                )
             if time.monotonic() > deadline:
-                raise DreamgymError(f"the local Prefect server did not answer within {timeout:.0f}s (log: "
-                                    f"{log_path}); set PREFECT_API_URL to a running server instead")
+                raise DreamgymError(
+                    f"the local Prefect server did not answer within {timeout:.0f}s (log: "
+                    f"{log_path}); set PREFECT_API_URL to a running server instead"
+                )
             time.sleep(0.5)
         yield url
     finally:

@@ -70,9 +70,7 @@ def parse_state(text: str) -> AbstractState:
         raise StateParseError(f"state must be text, got {type(text).__name__}")
     lines = text.split("\n")
     if len(lines) != len(FIELDS):
-        raise StateParseError(
-            f"expected {len(FIELDS)} lines ({', '.join(FIELDS)}), got {len(lines)}"
-        )
+        raise StateParseError(f"expected {len(FIELDS)} lines ({', '.join(FIELDS)}), got {len(lines)}")
     values: dict[str, str] = {}
     for expected, line in zip(FIELDS, lines):
         key, sep, value = line.partition(":")

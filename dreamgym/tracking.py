@@ -47,10 +47,10 @@ def _create_tracking_store(uri: str, run_dir: Path) -> None:
     column name". The first creates it under the lock; the other then finds it made. MLflow's
     INFO lines about creating tables are held back: a user's command prints its own output.
     """
-    import logging  # noqa: PLC0415
+    import logging
 
-    import mlflow  # noqa: PLC0415 - slow import
-    from filelock import FileLock  # noqa: PLC0415
+    import mlflow  # slow import
+    from filelock import FileLock
 
     quiet = [logging.getLogger(name) for name in ("mlflow.store.db.utils", "alembic")]
     levels = [logger.level for logger in quiet]
@@ -75,9 +75,8 @@ def artifact_root(run_dir: str | Path) -> str | None:
 
 def experiment_id(name: str, run_dir: str | Path) -> str:
     """The id of the named experiment, created on first use."""
-    import mlflow  # noqa: PLC0415 - slow import
-
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415
+    import mlflow  # slow import
+    from mlflow.exceptions import MlflowException
 
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is not None:
@@ -93,9 +92,12 @@ def experiment_id(name: str, run_dir: str | Path) -> str:
 def git_commit(project_dir: str | Path) -> str:
     """HEAD's commit, with '-dirty' when the working tree has uncommitted changes; 'unknown'
     outside git."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=project_dir, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=project_dir, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))

@@ -31,9 +31,16 @@ HELD_OUT_GAMES = 100
 
 
 @flow(name="dreamgym-bench")
-def bench(params: str, games: str, json_out: str, seeds: list[int] | None = None, real_budget: int | None = None,
-          rows: list[str] | None = None, overrides: dict[str, Any] | None = None,
-          held_out: int = HELD_OUT_GAMES) -> list[dict]:
+def bench(
+    params: str,
+    games: str,
+    json_out: str,
+    seeds: list[int] | None = None,
+    real_budget: int | None = None,
+    rows: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    held_out: int = HELD_OUT_GAMES,
+) -> list[dict]:
     """Train and evaluate every row of the plan for each seed on the first `held_out` games of
     `games` (100 by default: a Wilson interval of about ±10 points, where make run's 40 give ±15);
     write JSON, Markdown and PNG beside `json_out` and log them to the parent run. Returns the rows."""
@@ -43,12 +50,16 @@ def bench(params: str, games: str, json_out: str, seeds: list[int] | None = None
     base = load_config(params_path, overrides)
     games_dir = Path(games).resolve()
     if not games_dir.is_dir():
-        raise DreamgymError(f"--games {games}: no such folder; make held-out games with "
-                            f"`dreamgym games --split test --count {held_out}`")
+        raise DreamgymError(
+            f"--games {games}: no such folder; make held-out games with "
+            f"`dreamgym games --split test --count {held_out}`"
+        )
     found = len(list_games(games_dir))
     if found < held_out:
-        raise DreamgymError(f"--games {games} holds {found} games, the bench evaluates {held_out}; make them "
-                            f"with `dreamgym games --split test --count {held_out}` (or pass --held-out {found})")
+        raise DreamgymError(
+            f"--games {games} holds {found} games, the bench evaluates {held_out}; make them "
+            f"with `dreamgym games --split test --count {held_out}` (or pass --held-out {found})"
+        )
     seeds = seeds or [base.seed]
     budget = real_budget or base.rl.real_budget
     plan = bench_plan(budget, rows)
@@ -58,28 +69,53 @@ def bench(params: str, games: str, json_out: str, seeds: list[int] | None = None
     out.parent.mkdir(parents=True, exist_ok=True)
     where = machine()
     mlflow.set_experiment(experiment_id=experiment_id(base.experiment, run_dir))
-    with mlflow.start_run(run_name="bench") as run:
+    with mlflow.start_run(run_name="bench"):
         mlflow.set_tags({"dreamgym.stage": "bench", "git_commit": git_commit(project)})
-        mlflow.log_params(flatten(config_to_dict(base)) | {"bench.seeds": ",".join(map(str, seeds)),
-                                                           "bench.real_budget": budget,
-                                                           "bench.rows": ",".join(row.name for row in plan)})
+        mlflow.log_params(
+            flatten(config_to_dict(base))
+            | {
+                "bench.seeds": ",".join(map(str, seeds)),
+                "bench.real_budget": budget,
+                "bench.rows": ",".join(row.name for row in plan),
+            }
+        )
         ingested = {**ingest(base, str(project)), "test_games_dir": str(games_dir)}
         results = []
         for seed in seeds:
             for row in plan:
                 config = load_config(params_path, {**(overrides or {}), **row.overrides, "seed": seed})
                 started = time.monotonic()
-                experience = train_experience(config, ingested, str(project), register_model=False,
-                                              run_name=f"bench experience: {row.name} s{seed}")
+                experience = train_experience(
+                    config,
+                    ingested,
+                    str(project),
+                    register_model=False,
+                    run_name=f"bench experience: {row.name} s{seed}",
+                )
                 policy = train_policy(config, ingested, experience, str(project), register_model=False)
                 result = row_result(row.name, seed, policy, time.monotonic() - started)
-                results.append(result | {"machine": where, "real_budget": budget,
-                                         "experience_fidelity": experience["fidelity"]["next_state_exact_match"]})
-                get_run_logger().info("%s (seed %d): success %.1f%%, %d real / %d synthetic transitions",
-                                      row.name, seed, 100 * result["success_rate"], result["real_transitions"],
-                                      result["synthetic_transitions"])
-                mlflow.log_metrics({f"{row.name}_s{seed}_success_rate": result["success_rate"],
-                                    f"{row.name}_s{seed}_real_transitions": result["real_transitions"]})
+                results.append(
+                    result
+                    | {
+                        "machine": where,
+                        "real_budget": budget,
+                        "experience_fidelity": experience["fidelity"]["next_state_exact_match"],
+                    }
+                )
+                get_run_logger().info(
+                    "%s (seed %d): success %.1f%%, %d real / %d synthetic transitions",
+                    row.name,
+                    seed,
+                    100 * result["success_rate"],
+                    result["real_transitions"],
+                    result["synthetic_transitions"],
+                )
+                mlflow.log_metrics(
+                    {
+                        f"{row.name}_s{seed}_success_rate": result["success_rate"],
+                        f"{row.name}_s{seed}_real_transitions": result["real_transitions"],
+                    }
+                )
         targets = check_targets(results)
         table = markdown(results, targets)
         out.write_text(json.dumps(results, indent=2) + "\n")
@@ -88,7 +124,9 @@ def bench(params: str, games: str, json_out: str, seeds: list[int] | None = None
         for path in (out, out.with_suffix(".md"), figure):
             mlflow.log_artifact(str(path), artifact_path="bench")
         mlflow.log_dict(targets, "bench/targets.json")
-        create_markdown_artifact(key="bench", markdown="## dreamgym bench\n\n" + table,
-                                 description="The paper's regimes and ablations on the held-out games")
+        create_markdown_artifact(
+            key="bench",
+            markdown="## dreamgym bench\n\n" + table,
+            description="The paper's regimes and ablations on the held-out games",
+        )
         return results
-

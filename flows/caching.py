@@ -63,8 +63,14 @@ def _paths(value: Any) -> Iterable[str]:
     return [str(item) for item in value] if isinstance(value, list | tuple) else [str(value)]
 
 
-def stage_key(*, sections: tuple[str, ...] = (), params: tuple[str, ...] = (), files: tuple[str, ...] = (),
-              outputs: tuple[str, ...] = (), environment: tuple[str, ...] = ()) -> Callable[[Any, dict[str, Any]], str | None]:
+def stage_key(
+    *,
+    sections: tuple[str, ...] = (),
+    params: tuple[str, ...] = (),
+    files: tuple[str, ...] = (),
+    outputs: tuple[str, ...] = (),
+    environment: tuple[str, ...] = (),
+) -> Callable[[Any, dict[str, Any]], str | None]:
     """A Prefect `cache_key_fn` over what a task's result depends on.
 
     sections: parts of the task's `config` parameter (a PipelineConfig) it reads, e.g. "policy",
@@ -73,6 +79,7 @@ def stage_key(*, sections: tuple[str, ...] = (), params: tuple[str, ...] = (), f
     naming files or folders it writes -- while any is missing the task is not reused; environment:
     variables that choose a service (e.g. DATABASE_URL).
     """
+
     def key(context, parameters: dict[str, Any]) -> str | None:
         settings = config_to_dict(parameters["config"]) if sections else {}
         parts = {
@@ -85,13 +92,14 @@ def stage_key(*, sections: tuple[str, ...] = (), params: tuple[str, ...] = (), f
         }
         digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
         if any(not Path(path).exists() for name in outputs for path in _paths(parameters[name])):
-            from prefect.results import get_result_store  # noqa: PLC0415
+            from prefect.results import get_result_store
 
             # A result cached for files since deleted: run again, uncached; the files come back at
             # the same paths, which makes the cached result true again for the next run.
             if get_result_store().exists(digest):
                 return None
         return digest
+
     return key
 
 
@@ -115,6 +123,6 @@ class Stages:
 
     def tag(self) -> None:
         """Tag the active MLflow run: `dreamgym.cached_stages` lists the tasks an earlier run did."""
-        import mlflow  # noqa: PLC0415
+        import mlflow
 
         mlflow.set_tag("dreamgym.cached_stages", ",".join(self.cached) or "none")

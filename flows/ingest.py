@@ -26,8 +26,7 @@ from prefect.tasks import exponential_backoff
 
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.buffer.store import UpsertResult, ingest_file
-from dreamgym.config import (BufferConfig, GamesConfig, PipelineConfig, ValidationConfig, config_to_dict,
-                             flatten)
+from dreamgym.config import BufferConfig, GamesConfig, PipelineConfig, ValidationConfig, config_to_dict, flatten
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.overview import plot_dataset
@@ -41,53 +40,88 @@ from flows.caching import Stages, stage_key
 TRAJECTORIES_FILE = "trajectories/offline.parquet"
 
 
-@task(name="generate-games", retries=1,
-      cache_key_fn=stage_key(params=("out_dir", "split", "count", "seed", "games"), outputs=("out_dir",)))
-def generate_games_task(out_dir: str, split: str, count: int, seed: int, games: GamesConfig,
-                        ) -> list[str]:
-    paths, made = generate_games(plan_games(games, split, count, seed), out_dir,
-                                 workers=games.workers)
+@task(
+    name="generate-games",
+    retries=1,
+    cache_key_fn=stage_key(params=("out_dir", "split", "count", "seed", "games"), outputs=("out_dir",)),
+)
+def generate_games_task(
+    out_dir: str,
+    split: str,
+    count: int,
+    seed: int,
+    games: GamesConfig,
+) -> list[str]:
+    paths, made = generate_games(plan_games(games, split, count, seed), out_dir, workers=games.workers)
     get_run_logger().info("%s games in %s: %d made, %d reused", split, out_dir, made, len(paths) - made)
     return [str(path) for path in paths]
 
 
-@task(name="collect-trajectories",
-      cache_key_fn=stage_key(params=("out", "settings"), files=("games",), outputs=("out",)))
-def collect_task(games: list[str], out: str, settings: CollectionSettings, workers: int,
-                 run_id: str) -> CollectionResult:
+@task(
+    name="collect-trajectories", cache_key_fn=stage_key(params=("out", "settings"), files=("games",), outputs=("out",))
+)
+def collect_task(
+    games: list[str], out: str, settings: CollectionSettings, workers: int, run_id: str
+) -> CollectionResult:
     result = collect(games, out, settings, workers=workers, run_id=run_id)
-    get_run_logger().info("%s %d transitions in %d trajectories (success %.0f%%) in %.1fs",
-                          "reused" if result.reused else "collected", result.transitions,
-                          result.trajectories, 100 * result.success_rate, result.seconds)
+    get_run_logger().info(
+        "%s %d transitions in %d trajectories (success %.0f%%) in %.1fs",
+        "reused" if result.reused else "collected",
+        result.transitions,
+        result.trajectories,
+        100 * result.success_rate,
+        result.seconds,
+    )
     return result
 
 
-@task(name="validate-trajectories",
-      cache_key_fn=stage_key(params=("out_dir", "config"), files=("trajectories",), outputs=("out_dir",)))
+@task(
+    name="validate-trajectories",
+    cache_key_fn=stage_key(params=("out_dir", "config"), files=("trajectories",), outputs=("out_dir",)),
+)
 def validate_task(trajectories: str, out_dir: str, config: ValidationConfig) -> ValidationResult:
     out = Path(out_dir)
     # The same outputs as the `validate` stage of dvc.yaml.
-    result = validate_transitions(trajectories, config, quarantine_path=out / "quarantine.parquet",
-                                  report_path=out / "report.json", clean_path=out / "validated.parquet",
-                                  metrics_path=out / "metrics.json")
+    result = validate_transitions(
+        trajectories,
+        config,
+        quarantine_path=out / "quarantine.parquet",
+        report_path=out / "report.json",
+        clean_path=out / "validated.parquet",
+        metrics_path=out / "metrics.json",
+    )
     get_run_logger().info(result.summary())
     return result
 
 
-@task(name="upsert-buffer", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
-      cache_key_fn=stage_key(params=("data_version", "run_dir", "config"), files=("validated",),
-                             environment=("DATABASE_URL",)))
+@task(
+    name="upsert-buffer",
+    retries=3,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),
+    cache_key_fn=stage_key(
+        params=("data_version", "run_dir", "config"), files=("validated",), environment=("DATABASE_URL",)
+    ),
+)
 def upsert_task(validated: str, data_version: str, run_dir: str, config: BufferConfig) -> UpsertResult:
     """Only validated rows enter the buffer; a retry re-inserts nothing already committed."""
     with open_migrated(run_dir, config) as database:
         result = ingest_file(database, validated, config, data_version)
-    get_run_logger().info("buffer: %d inserted, %d already there (%.1fs%s)", result.inserted,
-                          result.skipped, result.seconds, ", HNSW index rebuilt" if result.bulk else "")
+    get_run_logger().info(
+        "buffer: %d inserted, %d already there (%.1fs%s)",
+        result.inserted,
+        result.skipped,
+        result.seconds,
+        ", HNSW index rebuilt" if result.bulk else "",
+    )
     return result
 
 
-@task(name="version-data", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=2),
-      cache_key_fn=stage_key(params=("project_dir", "data_dir"), files=("data_dir",)))
+@task(
+    name="version-data",
+    retries=3,
+    retry_delay_seconds=exponential_backoff(backoff_factor=2),
+    cache_key_fn=stage_key(params=("project_dir", "data_dir"), files=("data_dir",)),
+)
 def version_task(project_dir: str, data_dir: str) -> DataVersion:
     """`dvc add` the data folder (`data_dir`: its absolute path, directly in the project)."""
     version = version_data(project_dir, Path(data_dir).name)
@@ -104,8 +138,9 @@ def log_dataset(path: str, md5: str, dvc_file: str) -> None:
         # MLflow hints that integer columns cannot hold missing values (ours never do) and that a
         # local path could be one of two equivalent local source kinds.
         warnings.simplefilter("ignore", UserWarning)
-        dataset = mlflow.data.from_pandas(frame, source=str(Path(path).resolve()),
-                                          name="offline-transitions", digest=md5)
+        dataset = mlflow.data.from_pandas(
+            frame, source=str(Path(path).resolve()), name="offline-transitions", digest=md5
+        )
         mlflow.log_input(dataset, context="offline", tags={"dvc_md5": md5, "dvc_file": Path(dvc_file).name})
 
 
@@ -118,30 +153,52 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
     settings = CollectionSettings.from_config(config)
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
     with mlflow.start_run(run_name="ingest", nested=mlflow.active_run() is not None) as run:
-        mlflow.set_tags({"dreamgym.stage": "ingest", "git_commit": git_commit(project),
-                         "prefect.flow_run_id": str(flow_run.get_id())})
+        mlflow.set_tags(
+            {
+                "dreamgym.stage": "ingest",
+                "git_commit": git_commit(project),
+                "prefect.flow_run_id": str(flow_run.get_id()),
+            }
+        )
         mlflow.log_params(flatten(config_to_dict(config)))
 
-        train_games = generate_games_task(str(data_dir / "games" / "train"), "train",
-                                          config.games.train_count, config.seed, config.games)
-        test_games = generate_games_task(str(data_dir / "games" / "test"), "test",
-                                         config.games.test_count, config.seed, config.games)
+        train_games = generate_games_task(
+            str(data_dir / "games" / "train"), "train", config.games.train_count, config.seed, config.games
+        )
+        test_games = generate_games_task(
+            str(data_dir / "games" / "test"), "test", config.games.test_count, config.seed, config.games
+        )
         stages = Stages()
-        collection = stages.run(collect_task, train_games, str(data_dir / TRAJECTORIES_FILE), settings,
-                                config.collect.workers, run.info.run_id)
-        mlflow.log_metrics({"train_games": len(train_games), "test_games": len(test_games),
-                            "collect_transitions": collection.transitions,
-                            "collect_trajectories": collection.trajectories,
-                            "collect_success_rate": collection.success_rate,
-                            "collect_mean_steps": collection.mean_steps})
+        collection = stages.run(
+            collect_task,
+            train_games,
+            str(data_dir / TRAJECTORIES_FILE),
+            settings,
+            config.collect.workers,
+            run.info.run_id,
+        )
+        mlflow.log_metrics(
+            {
+                "train_games": len(train_games),
+                "test_games": len(test_games),
+                "collect_transitions": collection.transitions,
+                "collect_trajectories": collection.trajectories,
+                "collect_success_rate": collection.success_rate,
+                "collect_mean_steps": collection.mean_steps,
+            }
+        )
         if not stages.was_cached(collect_task):  # work this run did, not an earlier run's
             mlflow.log_metric("collect_seconds", collection.seconds)
 
         validation = stages.run(validate_task, collection.path, str(outputs_dir), config.validation)
-        mlflow.log_metrics({"validation_rows": validation.rows,
-                            "validation_quarantined_rows": validation.quarantined_rows,
-                            "validation_bad_fraction": validation.bad_fraction,
-                            "validation_passed": float(validation.passed)})
+        mlflow.log_metrics(
+            {
+                "validation_rows": validation.rows,
+                "validation_quarantined_rows": validation.quarantined_rows,
+                "validation_bad_fraction": validation.bad_fraction,
+                "validation_passed": float(validation.passed),
+            }
+        )
         overview = plot_dataset(read_transitions(collection.path), outputs_dir / "dataset_overview.png")
         mlflow.log_artifact(str(overview), artifact_path="validation")
         mlflow.log_artifact(validation.report_path, artifact_path="validation")
@@ -150,17 +207,24 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
             raise DreamgymError(
                 f"validation failed: {validation.bad_fraction:.1%} of rows quarantined, above "
                 f"validation.max_bad_fraction={config.validation.max_bad_fraction:g}; see "
-                f"{validation.quarantine_path} for the rows and reasons")
+                f"{validation.quarantine_path} for the rows and reasons"
+            )
 
         version = stages.run(version_task, str(project), str(data_dir))
         mlflow.set_tag("dreamgym.data_md5", version.md5)
         log_dataset(validation.clean_path, version.md5, version.dvc_file)
 
-        upserted = stages.run(upsert_task, validation.clean_path, version.md5,
-                              str(project / config.paths.run_dir), config.buffer)
+        upserted = stages.run(
+            upsert_task, validation.clean_path, version.md5, str(project / config.paths.run_dir), config.buffer
+        )
         if not stages.was_cached(upsert_task):
-            mlflow.log_metrics({"buffer_inserted": upserted.inserted, "buffer_skipped": upserted.skipped,
-                                "buffer_upsert_seconds": upserted.seconds})
+            mlflow.log_metrics(
+                {
+                    "buffer_inserted": upserted.inserted,
+                    "buffer_skipped": upserted.skipped,
+                    "buffer_upsert_seconds": upserted.seconds,
+                }
+            )
         stages.tag()
 
         summary = {
@@ -178,8 +242,11 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
             "buffer": asdict(upserted) | {"cached": stages.was_cached(upsert_task)},
             "test_games_dir": str(data_dir / "games" / "test"),
         }
-        create_markdown_artifact(key="ingest-summary", markdown=markdown_table("Ingest", summary_rows(summary)),
-                                 description="Offline dataset made by the ingest flow")
+        create_markdown_artifact(
+            key="ingest-summary",
+            markdown=markdown_table("Ingest", summary_rows(summary)),
+            description="Offline dataset made by the ingest flow",
+        )
         return summary
 
 
@@ -188,16 +255,17 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     collection, validation, buffer = summary["collection"], summary["validation"], summary["buffer"]
     how = "reused" if collection["reused"] else f"collected in {collection['seconds']:.0f}s"
     return [
-        ("data version (DVC md5)",
-         f"{summary['data_md5']} ({'new' if summary['data_changed'] else 'unchanged'})"),
+        ("data version (DVC md5)", f"{summary['data_md5']} ({'new' if summary['data_changed'] else 'unchanged'})"),
         ("games (train / held-out test)", f"{summary['train_games']} / {summary['test_games']}"),
-        ("transitions / trajectories",
-         f"{collection['transitions']} / {collection['trajectories']} ({how})"),
+        ("transitions / trajectories", f"{collection['transitions']} / {collection['trajectories']} ({how})"),
         ("success rate in the data", f"{collection['success_rate']:.1%}"),
         ("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})"),
-        ("buffer rows inserted / already there",
-         f"nothing this run: cached (an earlier run inserted {buffer['inserted']})" if buffer.get("cached")
-         else f"{buffer['inserted']} / {buffer['skipped']}"),
+        (
+            "buffer rows inserted / already there",
+            f"nothing this run: cached (an earlier run inserted {buffer['inserted']})"
+            if buffer.get("cached")
+            else f"{buffer['inserted']} / {buffer['skipped']}",
+        ),
         ("stages done by an earlier run (cached)", ", ".join(summary.get("cached_stages", [])) or "none"),
         ("MLflow run", summary["mlflow_run_id"]),
     ]

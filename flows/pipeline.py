@@ -48,13 +48,23 @@ def promotion_task(name: str, version: str, config: PipelineConfig, project_dir:
 
 
 def decision_summary(decision: Decision) -> dict:
-    return {"promoted": decision.promote, "reason": decision.reason, "p_value": decision.p_value,
-            "challenger": asdict(decision.challenger), "baseline": asdict(decision.baseline),
-            "metrics": decision.metrics(), "tags": decision.tags()}
+    return {
+        "promoted": decision.promote,
+        "reason": decision.reason,
+        "p_value": decision.p_value,
+        "challenger": asdict(decision.challenger),
+        "baseline": asdict(decision.baseline),
+        "metrics": decision.metrics(),
+        "tags": decision.tags(),
+    }
 
 
-@task(name="record-dvc-stage", retries=2, retry_delay_seconds=2,
-      cache_key_fn=stage_key(params=("project_dir", "stage", "settings"), files=("metrics_path",)))
+@task(
+    name="record-dvc-stage",
+    retries=2,
+    retry_delay_seconds=2,
+    cache_key_fn=stage_key(params=("project_dir", "stage", "settings"), files=("metrics_path",)),
+)
 def record_stage_task(project_dir: str, stage: str, metrics_path: str, settings: dict) -> None:
     """Record a dvc.yaml stage the flow just ran (its metrics file written) in dvc.lock, so that
     `dvc status` agrees with the run. `settings` are the stage's params: part of the cache key."""
@@ -85,29 +95,43 @@ def promote(config: PipelineConfig, ingest_summary: dict, policy_summary: dict, 
     version = model.rsplit("/", 1)[1]
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
     with mlflow.start_run(run_name="promotion", nested=mlflow.active_run() is not None):
-        mlflow.set_tags({"dreamgym.stage": "promotion", "git_commit": git_commit(project),
-                         "dreamgym.data_md5": ingest_summary["data_md5"], "dreamgym.policy": model})
+        mlflow.set_tags(
+            {
+                "dreamgym.stage": "promotion",
+                "git_commit": git_commit(project),
+                "dreamgym.data_md5": ingest_summary["data_md5"],
+                "dreamgym.policy": model,
+            }
+        )
         mlflow.log_params(flatten(config_to_dict(config)))
         log_dataset(ingest_summary["validated_path"], ingest_summary["data_md5"], ingest_summary["dvc_file"])
         decision = promotion_task(POLICY_MODEL_NAME, version, config, str(project))
         mlflow.log_metrics(decision["metrics"])
         mlflow.set_tags(decision["tags"])
-        create_markdown_artifact(key="promotion", description="Promotion gate of the new policy version",
-                                 markdown=markdown_table("Promotion", promotion_rows(decision)))
+        create_markdown_artifact(
+            key="promotion",
+            description="Promotion gate of the new policy version",
+            markdown=markdown_table("Promotion", promotion_rows(decision)),
+        )
         return decision
 
 
 def promotion_rows(decision: dict) -> list[tuple[str, str]]:
-    return [("promotion", ("promoted to champion: " if decision["promoted"] else "not promoted: ")
-             + decision["reason"])]
+    return [
+        ("promotion", ("promoted to champion: " if decision["promoted"] else "not promoted: ") + decision["reason"])
+    ]
 
 
 STAGES = ("ingest", "experience", "policy", "promotion")
 
 
 @flow(name="dreamgym-pipeline")
-def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = None, refresh: bool = False,
-             until: str = "promotion") -> dict:
+def pipeline(
+    params: str = "params.yaml",
+    overrides: dict[str, Any] | None = None,
+    refresh: bool = False,
+    until: str = "promotion",
+) -> dict:
     """The pipeline on the configuration in `params` (with dotted-key `overrides`), from ingest
     through the stage `until` (the DVC stages run it stage by stage); `refresh` ignores cached
     task results and recomputes them."""
@@ -121,8 +145,13 @@ def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = Non
     with temporary_settings({PREFECT_TASKS_REFRESH_CACHE: refresh}):
         mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
         with mlflow.start_run(run_name="pipeline") as run:
-            mlflow.set_tags({"dreamgym.stage": "pipeline", "git_commit": git_commit(project),
-                             "prefect.flow_run_id": str(flow_run.get_id())})
+            mlflow.set_tags(
+                {
+                    "dreamgym.stage": "pipeline",
+                    "git_commit": git_commit(project),
+                    "prefect.flow_run_id": str(flow_run.get_id()),
+                }
+            )
             settings = config_to_dict(config)
             mlflow.log_params(flatten(settings))
             mlflow.log_dict(settings, "config/params.json")
@@ -145,8 +174,11 @@ def pipeline(params: str = "params.yaml", overrides: dict[str, Any] | None = Non
                 write_stage_metrics(project, config, summary, "promotion")
             mlflow.log_metrics(stage_metrics(summary))
             mlflow.log_text(json.dumps(summary, indent=2, default=str), "summary.json")
-            create_markdown_artifact(key="pipeline-summary", description="What the pipeline run produced",
-                                     markdown=markdown_table("dreamgym pipeline", pipeline_rows(summary)))
+            create_markdown_artifact(
+                key="pipeline-summary",
+                description="What the pipeline run produced",
+                markdown=markdown_table("dreamgym pipeline", pipeline_rows(summary)),
+            )
             return summary
 
 
@@ -156,13 +188,17 @@ def stage_metrics(summary: dict, stage: str | None = None) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if "experience" in summary and stage in (None, "experience"):
         fidelity = summary["experience"]["fidelity"]
-        metrics |= {f"fidelity_{key}": fidelity[key] for key in
-                    ("next_state_exact_match", "reward_accuracy", "done_accuracy", "parse_failure_rate")}
+        metrics |= {
+            f"fidelity_{key}": fidelity[key]
+            for key in ("next_state_exact_match", "reward_accuracy", "done_accuracy", "parse_failure_rate")
+        }
     if "policy" in summary and stage in (None, "policy"):
         policy = summary["policy"]
         metrics |= {f"eval_{e['name']}_success_rate": e["success_rate"] for e in policy["evaluations"]}
-        metrics |= {"real_transitions": policy["rl"]["real_transitions"],
-                    "synthetic_transitions": policy["rl"]["synthetic_transitions"]}
+        metrics |= {
+            "real_transitions": policy["rl"]["real_transitions"],
+            "synthetic_transitions": policy["rl"]["synthetic_transitions"],
+        }
     if "promotion" in summary and stage in (None, "promotion"):
         metrics |= {"promotion_promoted": float(summary["promotion"]["promoted"])}
     return metrics
@@ -177,4 +213,4 @@ def pipeline_rows(summary: dict) -> list[tuple[str, str]]:
         rows += policy_rows(summary["policy"])
     if "promotion" in summary:
         rows += promotion_rows(summary["promotion"])
-    return rows + [("MLflow run (pipeline)", summary["mlflow_run_id"])]
+    return [*rows, ("MLflow run (pipeline)", summary["mlflow_run_id"])]

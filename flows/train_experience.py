@@ -26,16 +26,15 @@ from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_to_dict, flatten
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
-from dreamgym.experience.examples import (build_examples, load_examples, load_kept_names,
-                                          save_examples)
-from dreamgym.experience.placeholders import kept_names
-from dreamgym.experience.variations import variation_examples
+from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
 from dreamgym.experience.fidelity import collect_real, evaluate
 from dreamgym.experience.format import FORMAT_VERSION
-from dreamgym.experience.rerank import RANKING_VERSION
 from dreamgym.experience.generate import open_experience_model, save_settings
+from dreamgym.experience.placeholders import kept_names
 from dreamgym.experience.report import log_fidelity
+from dreamgym.experience.rerank import RANKING_VERSION
 from dreamgym.experience.train import plot_losses, train_sft
+from dreamgym.experience.variations import variation_examples
 from dreamgym.registry import register_model_dir
 from dreamgym.tracking import experiment_id, git_commit
 from flows.caching import Stages, stage_key
@@ -46,20 +45,32 @@ MODEL_NAME = "dreamgym-experience"
 
 def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
     """What the examples depend on: the data and the settings that shape a prompt."""
-    shaping = {"format": FORMAT_VERSION, "ranking": RANKING_VERSION, "data": data_md5,
-               "history": config.history, "neighbours": config.neighbours,
-               "retrieval_pool": config.retrieval_pool,
-               "reasoning": config.reasoning, "copy_examples": config.copy_examples,
-               "renamed_copies": config.renamed_copies, "placeholders": config.placeholders,
-               "variations": config.variations_per_task,
-               "synthetic_neighbours": config.synthetic_neighbours,
-               "annotator": config.annotator,
-               "annotator_model": config.annotator_model, "encoder": encoder}
+    shaping = {
+        "format": FORMAT_VERSION,
+        "ranking": RANKING_VERSION,
+        "data": data_md5,
+        "history": config.history,
+        "neighbours": config.neighbours,
+        "retrieval_pool": config.retrieval_pool,
+        "reasoning": config.reasoning,
+        "copy_examples": config.copy_examples,
+        "renamed_copies": config.renamed_copies,
+        "placeholders": config.placeholders,
+        "variations": config.variations_per_task,
+        "synthetic_neighbours": config.synthetic_neighbours,
+        "annotator": config.annotator,
+        "annotator_model": config.annotator_model,
+        "encoder": encoder,
+    }
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@task(name="build-examples", cache_key_fn=stage_key(sections=("experience", "buffer"),
-                                                    params=("data_md5", "out_dir", "run_dir"), outputs=("out_dir",)))
+@task(
+    name="build-examples",
+    cache_key_fn=stage_key(
+        sections=("experience", "buffer"), params=("data_md5", "out_dir", "run_dir"), outputs=("out_dir",)
+    ),
+)
 def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, config: PipelineConfig) -> str:
     path = Path(out_dir) / f"examples-{examples_key(data_md5, config.experience, config.buffer.encoder)}.parquet"
     if path.is_file():
@@ -69,44 +80,63 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
     kept = kept_names(rows) if config.experience.placeholders else None
     with open_migrated(run_dir, config.buffer) as database:
-        examples = build_examples(database, encoder, rows, config.experience, config.buffer.ef_search,
-                                  progress=True, kept=kept)
+        examples = build_examples(
+            database, encoder, rows, config.experience, config.buffer.ef_search, progress=True, kept=kept
+        )
     examples += variation_examples(rows, config.experience.variations_per_task)
     save_examples(examples, path, kept=kept)
     get_run_logger().info("%d examples built: %s", len(examples), path)
     return str(path)
 
 
-@task(name="train-experience-model",
-      cache_key_fn=stage_key(params=("examples_path", "out_dir", "config", "seed"), outputs=("out_dir",)))
+@task(
+    name="train-experience-model",
+    cache_key_fn=stage_key(params=("examples_path", "out_dir", "config", "seed"), outputs=("out_dir",)),
+)
 def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed: int):
     examples = [{"prompt": e.prompt, "completion": e.completion} for e in load_examples(examples_path)]
     result = train_sft(examples, config, Path(out_dir), seed=seed, log_to_mlflow=True)
     save_settings(result.model_dir, config, load_kept_names(examples_path))
-    get_run_logger().info("trained %d steps in %.0fs (%.0f tokens/s)", result.steps, result.seconds,
-                          result.tokens_per_second)
+    get_run_logger().info(
+        "trained %d steps in %.0fs (%.0f tokens/s)", result.steps, result.seconds, result.tokens_per_second
+    )
     return result
 
 
-@task(name="collect-fidelity-transitions", retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=2),
-      cache_key_fn=stage_key(sections=("experience", "env", "collect", "seed"), params=("out",),
-                             files=("test_games_dir",), outputs=("out",)))
+@task(
+    name="collect-fidelity-transitions",
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=2),
+    cache_key_fn=stage_key(
+        sections=("experience", "env", "collect", "seed"), params=("out",), files=("test_games_dir",), outputs=("out",)
+    ),
+)
 def real_transitions_task(test_games_dir: str, out: str, config: PipelineConfig) -> str:
     return collect_real(test_games_dir, out, config)
 
 
-@task(name="evaluate-fidelity", cache_key_fn=stage_key(sections=("experience", "buffer", "seed"),
-                                                       params=("model_dir", "run_dir"), files=("real_path",)))
+@task(
+    name="evaluate-fidelity",
+    cache_key_fn=stage_key(
+        sections=("experience", "buffer", "seed"), params=("model_dir", "run_dir"), files=("real_path",)
+    ),
+)
 def evaluate_task(model_dir: str, real_path: str, run_dir: str, config: PipelineConfig) -> dict:
     with open_experience_model(model_dir, run_dir, config) as experience:
-        report = evaluate(experience, read_transitions(real_path).to_pylist(), config.experience.multi_step,
-                          progress=True)
+        report = evaluate(
+            experience, read_transitions(real_path).to_pylist(), config.experience.multi_step, progress=True
+        )
     return log_fidelity(report)
 
 
 @flow(name="train-experience")
-def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: str = ".",
-                     register_model: bool = True, run_name: str = "train-experience") -> dict:
+def train_experience(
+    config: PipelineConfig,
+    ingest_summary: dict,
+    project_dir: str = ".",
+    register_model: bool = True,
+    run_name: str = "train-experience",
+) -> dict:
     """Examples → training → fidelity → registry (unless `register_model` is false: ablations)."""
     project = Path(project_dir).resolve()
     run_dir = str(project / config.paths.run_dir)
@@ -114,44 +144,74 @@ def train_experience(config: PipelineConfig, ingest_summary: dict, project_dir: 
     data_md5 = ingest_summary["data_md5"]
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
     with mlflow.start_run(run_name=run_name, nested=mlflow.active_run() is not None) as run:
-        mlflow.set_tags({"dreamgym.stage": "train-experience", "git_commit": git_commit(project),
-                         "dreamgym.data_md5": data_md5, "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
+        mlflow.set_tags(
+            {
+                "dreamgym.stage": "train-experience",
+                "git_commit": git_commit(project),
+                "dreamgym.data_md5": data_md5,
+                "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"],
+            }
+        )
         mlflow.log_params(flatten(config_to_dict(config)))
         log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
         stages = Stages()
         examples = stages.run(examples_task, ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
         model_key = Path(examples).stem.removeprefix("examples-") + f"-{_training_key(config)}"
         trained = stages.run(train_task, examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)
-        mlflow.log_artifact(str(plot_losses(trained, out_dir / f"model-{model_key}" / "loss.png")),
-                            artifact_path="experience")
-        real = stages.run(real_transitions_task, ingest_summary["test_games_dir"],
-                          str(out_dir / "fidelity_real.parquet"), config)
+        mlflow.log_artifact(
+            str(plot_losses(trained, out_dir / f"model-{model_key}" / "loss.png")), artifact_path="experience"
+        )
+        real = stages.run(
+            real_transitions_task, ingest_summary["test_games_dir"], str(out_dir / "fidelity_real.parquet"), config
+        )
         fidelity = stages.run(evaluate_task, str(trained.model_dir), real, run_dir, config)
         stages.tag()
         model = str(trained.model_dir)
         if register_model:
-            version = register_model_dir(trained.model_dir, MODEL_NAME, key=model_key,
-                                         tags={"data_md5": data_md5, "examples": Path(examples).name})
+            version = register_model_dir(
+                trained.model_dir,
+                MODEL_NAME,
+                key=model_key,
+                tags={"data_md5": data_md5, "examples": Path(examples).name},
+            )
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.model", model)
         train = {k: v for k, v in asdict(trained).items() if k != "train_losses"}
-        summary = {"mlflow_run_id": run.info.run_id, "model": model,
-                   "train": train | {"model_dir": str(trained.model_dir)}, "fidelity": fidelity}
-        create_markdown_artifact(key="experience-summary", description="Experience model trained and measured",
-                                 markdown=markdown_table("Experience model", experience_rows(summary)))
+        summary = {
+            "mlflow_run_id": run.info.run_id,
+            "model": model,
+            "train": train | {"model_dir": str(trained.model_dir)},
+            "fidelity": fidelity,
+        }
+        create_markdown_artifact(
+            key="experience-summary",
+            description="Experience model trained and measured",
+            markdown=markdown_table("Experience model", experience_rows(summary)),
+        )
         return summary
 
 
 # Experience settings that change how a trained model is used, not the model.
-_NOT_TRAINING = ("max_new_tokens", "retries", "eval_games", "multi_step", "synthetic_neighbours",
-                 "constrain_removals",
-                 "backend", "backend_url", "backend_model", "backend_timeout", "backend_retries")
+_NOT_TRAINING = (
+    "max_new_tokens",
+    "retries",
+    "eval_games",
+    "multi_step",
+    "synthetic_neighbours",
+    "constrain_removals",
+    "backend",
+    "backend_url",
+    "backend_model",
+    "backend_timeout",
+    "backend_retries",
+)
 
 
 def _training_key(config: PipelineConfig) -> str:
     """Training settings that make a different model (a changed one trains a new folder)."""
-    settings = {k: v for k, v in config_to_dict(config)["experience"].items()
-                if k not in _NOT_TRAINING} | {"seed": config.seed}
+    settings = {k: v for k, v in config_to_dict(config)["experience"].items() if k not in _NOT_TRAINING} | {
+        "seed": config.seed
+    }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -162,12 +222,18 @@ def experience_rows(summary: dict) -> list[tuple[str, str]]:
     return [
         ("experience model", f"{summary['model']} ({train['parameters'] / 1e6:.1f}M parameters)"),
         ("training", f"{train['steps']} steps ({how})"),
-        ("fidelity on held-out games", f"{fidelity['transitions']} real transitions: next state exact "
-                                       f"{fidelity['next_state_exact_match']:.1%}, reward "
-                                       f"{fidelity['reward_accuracy']:.1%}, done {fidelity['done_accuracy']:.1%}, "
-                                       f"parse failures {fidelity['parse_failure_rate']:.1%}"),
-        ("… foreseeable from the prompt", f"{fidelity['foreseeable']['transitions']} of them: next state exact "
-                                         f"{fidelity['foreseeable']['next_state_exact_match']:.1%}"),
+        (
+            "fidelity on held-out games",
+            f"{fidelity['transitions']} real transitions: next state exact "
+            f"{fidelity['next_state_exact_match']:.1%}, reward "
+            f"{fidelity['reward_accuracy']:.1%}, done {fidelity['done_accuracy']:.1%}, "
+            f"parse failures {fidelity['parse_failure_rate']:.1%}",
+        ),
+        (
+            "… foreseeable from the prompt",
+            f"{fidelity['foreseeable']['transitions']} of them: next state exact "
+            f"{fidelity['foreseeable']['next_state_exact_match']:.1%}",
+        ),
         ("MLflow run (experience)", summary["mlflow_run_id"]),
     ]
 
@@ -181,17 +247,28 @@ def ablate_experience(config: PipelineConfig, ingest_summary: dict, project_dir:
     out_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, str(project / config.paths.run_dir)))
     with mlflow.start_run(run_name="ablate-experience") as run:
-        mlflow.set_tags({"dreamgym.stage": "ablate-experience", "git_commit": git_commit(project),
-                         "dreamgym.data_md5": ingest_summary["data_md5"]})
-        results = {name: train_experience(variant, ingest_summary, project_dir, register_model=name == "full",
-                                          run_name=f"experience: {name}")["fidelity"]
-                   for name, variant in variant_configs(config).items()}
+        mlflow.set_tags(
+            {
+                "dreamgym.stage": "ablate-experience",
+                "git_commit": git_commit(project),
+                "dreamgym.data_md5": ingest_summary["data_md5"],
+            }
+        )
+        results = {
+            name: train_experience(
+                variant, ingest_summary, project_dir, register_model=name == "full", run_name=f"experience: {name}"
+            )["fidelity"]
+            for name, variant in variant_configs(config).items()
+        }
         rows = ablation_rows(results)
         table = markdown(rows)
         (out_dir / "ablation.md").write_text(table + "\n")
         (out_dir / "ablation.json").write_text(json.dumps(rows, indent=2))
         for path in (out_dir / "ablation.md", out_dir / "ablation.json", plot(rows, out_dir / "ablation.png")):
             mlflow.log_artifact(str(path), artifact_path="ablation")
-        create_markdown_artifact(key="experience-ablation", markdown="## Experience model ablations\n\n" + table,
-                                 description="Fidelity with retrieval, history or reasoning removed")
+        create_markdown_artifact(
+            key="experience-ablation",
+            markdown="## Experience model ablations\n\n" + table,
+            description="Fidelity with retrieval, history or reasoning removed",
+        )
         return {"mlflow_run_id": run.info.run_id, "rows": rows, "table": table}

@@ -25,13 +25,21 @@ from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
-from dreamgym.evaluation import (current_eval_set, episodes_path, evaluate_policy, evaluation_metrics,
-                                 held_out_games, write_episodes, write_json)
+from dreamgym.evaluation import (
+    current_eval_set,
+    episodes_path,
+    evaluate_policy,
+    evaluation_metrics,
+    held_out_games,
+    write_episodes,
+    write_json,
+)
 from dreamgym.experience.variations import seed_tasks, variation_writer
 from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
-from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME, set_challenger
+from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME
+from dreamgym.promotion import set_challenger
 from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
@@ -44,8 +52,12 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-@task(name="behaviour-cloning", cache_key_fn=stage_key(sections=("policy", "seed"), params=("out_dir",),
-                                                       files=("validated",), outputs=("out_dir",)))
+@task(
+    name="behaviour-cloning",
+    cache_key_fn=stage_key(
+        sections=("policy", "seed"), params=("out_dir",), files=("validated",), outputs=("out_dir",)
+    ),
+)
 def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
     """BC on the successful real episodes; the untrained starting point is saved beside it."""
     rows = read_transitions(validated).to_pylist()
@@ -55,40 +67,67 @@ def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
     if not (untrained / "config.json").is_file():
         initial_policy(examples, config.policy, config.seed, kept).save(untrained)
     result = train_bc(examples, config.policy, Path(out_dir) / "bc", config.seed, kept, log_to_mlflow=True)
-    get_run_logger().info("BC: %d examples, %d steps (%s)", len(examples), result.steps,
-                          "reused" if result.reused else f"{result.seconds:.0f}s")
-    return {"untrained": str(untrained), "bc": str(result.model_dir), "examples": len(examples),
-            "steps": result.steps, "seconds": result.seconds, "reused": result.reused}
+    get_run_logger().info(
+        "BC: %d examples, %d steps (%s)",
+        len(examples),
+        result.steps,
+        "reused" if result.reused else f"{result.seconds:.0f}s",
+    )
+    return {
+        "untrained": str(untrained),
+        "bc": str(result.model_dir),
+        "examples": len(examples),
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "reused": result.reused,
+    }
 
 
 def dream_phase(config: PipelineConfig) -> PipelineConfig:
     """`config` for RL in DreamEnv, with the real-env budgets it never reads at their defaults: so
     DreamGym and DreamGym-S2R (whatever their real budgets) share one dream run, cached and on disk."""
     defaults = RLConfig()
-    return dataclasses.replace(config, rl=dataclasses.replace(config.rl, real_budget=defaults.real_budget,
-                                                              s2r_budget=defaults.s2r_budget))
+    return dataclasses.replace(
+        config, rl=dataclasses.replace(config.rl, real_budget=defaults.real_budget, s2r_budget=defaults.s2r_budget)
+    )
 
 
 def _log_epoch(prefix: str):
     def log(metrics: dict[str, float]) -> None:
-        mlflow.log_metrics({f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"},
-                           step=int(metrics["epoch"]))
+        mlflow.log_metrics(
+            {f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"}, step=int(metrics["epoch"])
+        )
+
     return log
 
 
-@task(name="rl-in-dream-env", cache_key_fn=stage_key(
-    sections=("rl", "curriculum", "experience", "buffer", "seed"),
-    params=("start", "out_dir", "experience_dir", "experience_label", "run_dir"), files=("validated",),
-    outputs=("out_dir",), environment=("DATABASE_URL",)))
-def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_label: str, validated: str,
-                  run_dir: str, config: PipelineConfig, train_games_dir: str | None = None) -> RLResult:
+@task(
+    name="rl-in-dream-env",
+    cache_key_fn=stage_key(
+        sections=("rl", "curriculum", "experience", "buffer", "seed"),
+        params=("start", "out_dir", "experience_dir", "experience_label", "run_dir"),
+        files=("validated",),
+        outputs=("out_dir",),
+        environment=("DATABASE_URL",),
+    ),
+)
+def dream_rl_task(
+    start: str,
+    out_dir: str,
+    experience_dir: str,
+    experience_label: str,
+    validated: str,
+    run_dir: str,
+    config: PipelineConfig,
+    train_games_dir: str | None = None,
+) -> RLResult:
     """RL in DreamEnv on the real initial states of the training tasks, with the curriculum and
     its variations written by the experience model; synthetic transitions written back. With
     `train_games_dir`, each epoch's seed tasks are also played in their real games (the
     dream-vs-real gap, logged per epoch; never learned from)."""
-    from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
-    from dreamgym.buffer.store import write_back  # noqa: PLC0415
-    from dreamgym.experience.generate import open_experience_model  # noqa: PLC0415
+    from dreamgym.buffer.migrations import open_migrated
+    from dreamgym.buffer.store import write_back
+    from dreamgym.experience.generate import open_experience_model
 
     seeds = seed_tasks(read_transitions(validated).to_pylist())
     label = Path(out_dir).name
@@ -103,8 +142,15 @@ def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_labe
         curriculum = Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
 
         def make_env(slot: int) -> DreamEnv:
-            return DreamEnv(experience, config.rl.max_steps, slot=slot, model_version=experience_label,
-                            policy=label, run_id=label, record=config.rl.write_back)
+            return DreamEnv(
+                experience,
+                config.rl.max_steps,
+                slot=slot,
+                model_version=experience_label,
+                policy=label,
+                run_id=label,
+                record=config.rl.write_back,
+            )
 
         def write(rows: list[dict]) -> None:
             written = write_back(database, rows, config.buffer)
@@ -112,42 +158,81 @@ def dream_rl_task(start: str, out_dir: str, experience_dir: str, experience_labe
 
         real_check = None
         if train_games_dir is not None:
+
             def real_task(task):
                 game = Path(train_games_dir) / f"{task.task_id}.z8"
                 return load_task(game) if game.is_file() else None
 
-            real_check = RealCheck(lambda: TextWorldEnv(config.rl.max_steps), real_task, config.rl.group_size,
-                                   config.rl.temperature, config.seed)
-        return train_rl(start, make_env, curriculum, config.rl, out_dir, config.seed,
-                        on_epoch=_log_epoch("rl_"), on_transitions=write if config.rl.write_back else None,
-                        real_check=real_check)
+            real_check = RealCheck(
+                lambda: TextWorldEnv(config.rl.max_steps),
+                real_task,
+                config.rl.group_size,
+                config.rl.temperature,
+                config.seed,
+            )
+        return train_rl(
+            start,
+            make_env,
+            curriculum,
+            config.rl,
+            out_dir,
+            config.seed,
+            on_epoch=_log_epoch("rl_"),
+            on_transitions=write if config.rl.write_back else None,
+            real_check=real_check,
+        )
 
 
-@task(name="rl-in-real-env", cache_key_fn=stage_key(sections=("rl", "curriculum", "seed"),
-                                                    params=("start", "out_dir", "budget"),
-                                                    files=("train_games_dir",), outputs=("out_dir",)))
-def real_rl_task(start: str, out_dir: str, train_games_dir: str, budget: int, config: PipelineConfig,
-                 prefix: str = "rl_") -> RLResult:
+@task(
+    name="rl-in-real-env",
+    cache_key_fn=stage_key(
+        sections=("rl", "curriculum", "seed"),
+        params=("start", "out_dir", "budget"),
+        files=("train_games_dir",),
+        outputs=("out_dir",),
+    ),
+)
+def real_rl_task(
+    start: str, out_dir: str, train_games_dir: str, budget: int, config: PipelineConfig, prefix: str = "rl_"
+) -> RLResult:
     """RL in the real training games, stopped after `budget` real transitions."""
     seeds = [load_task(game) for game in list_games(train_games_dir)]
     curriculum = Curriculum(seeds, config.curriculum, config.seed)  # real games: no variations
-    return train_rl(start, lambda slot: TextWorldEnv(config.rl.max_steps), curriculum, config.rl, out_dir,
-                    config.seed, real_budget=budget, on_epoch=_log_epoch(prefix))
+    return train_rl(
+        start,
+        lambda slot: TextWorldEnv(config.rl.max_steps),
+        curriculum,
+        config.rl,
+        out_dir,
+        config.seed,
+        real_budget=budget,
+        on_epoch=_log_epoch(prefix),
+    )
 
 
-@task(name="evaluate-policy", cache_key_fn=stage_key(sections=("evaluation", "seed"),
-                                                    params=("name", "policy_dir", "out_dir", "count"),
-                                                    files=("test_games_dir",)))
-def evaluate_task(name: str, policy_dir: str, test_games_dir: str, out_dir: str, config: PipelineConfig,
-                  count: int | None = None) -> dict:
+@task(
+    name="evaluate-policy",
+    cache_key_fn=stage_key(
+        sections=("evaluation", "seed"), params=("name", "policy_dir", "out_dir", "count"), files=("test_games_dir",)
+    ),
+)
+def evaluate_task(
+    name: str, policy_dir: str, test_games_dir: str, out_dir: str, config: PipelineConfig, count: int | None = None
+) -> dict:
     """Success on the held-out games (or the first `count` games of another folder, e.g. the
     training games), cached by the policy's folder and the evaluation set."""
     games = held_out_games(config, test_games_dir) if count is None else list_games(test_games_dir)[:count]
     path = Path(out_dir) / f"eval-{name}-{_key(policy_dir, current_eval_set(config, games))}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    report = evaluate_policy(load_policy(policy_dir), games, config.evaluation.episodes_per_game, config.seed,
-                             config.evaluation.max_steps, greedy=config.evaluation.greedy)
+    report = evaluate_policy(
+        load_policy(policy_dir),
+        games,
+        config.evaluation.episodes_per_game,
+        config.seed,
+        config.evaluation.max_steps,
+        greedy=config.evaluation.greedy,
+    )
     summary = {"name": name, "policy_dir": policy_dir, "json_path": str(path), **report.summary}
     write_episodes(report.records, episodes_path(path))
     write_json(summary, path)
@@ -156,8 +241,13 @@ def evaluate_task(name: str, policy_dir: str, test_games_dir: str, out_dir: str,
 
 
 @flow(name="train-policy")
-def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summary: dict,
-                 project_dir: str = ".", register_model: bool = True) -> dict:
+def train_policy(
+    config: PipelineConfig,
+    ingest_summary: dict,
+    experience_summary: dict,
+    project_dir: str = ".",
+    register_model: bool = True,
+) -> dict:
     """BC → RL → (sim-to-real) → real evaluation → registry; see the module docstring."""
     project = Path(project_dir).resolve()
     run_dir = str(project / config.paths.run_dir)
@@ -170,47 +260,96 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
     experience_label = experience_summary["model"]
     mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
     with mlflow.start_run(run_name="train-policy", nested=mlflow.active_run() is not None) as run:
-        mlflow.set_tags({"dreamgym.stage": "train-policy", "git_commit": git_commit(project),
-                         "dreamgym.data_md5": data_md5, "dreamgym.experience_model": experience_label,
-                         "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"]})
+        mlflow.set_tags(
+            {
+                "dreamgym.stage": "train-policy",
+                "git_commit": git_commit(project),
+                "dreamgym.data_md5": data_md5,
+                "dreamgym.experience_model": experience_label,
+                "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"],
+            }
+        )
         mlflow.log_params(flatten(settings))
         log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
         stages = Stages()
         bc = stages.run(bc_task, ingest_summary["validated_path"], str(bc_dir), config)
 
         phase = dream_phase(config) if config.rl.env == "dream" else config
-        rl_key = _key(bc_key, experience_label if config.rl.env == "dream" else "real",
-                      config_to_dict(phase.rl), settings["curriculum"])
+        rl_key = _key(
+            bc_key,
+            experience_label if config.rl.env == "dream" else "real",
+            config_to_dict(phase.rl),
+            settings["curriculum"],
+        )
         rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
         if config.rl.env == "dream":
-            rl = stages.run(dream_rl_task, bc["bc"], str(rl_dir), experience_summary["train"]["model_dir"],
-                            experience_label, ingest_summary["validated_path"], run_dir, phase, train_games_dir)
+            rl = stages.run(
+                dream_rl_task,
+                bc["bc"],
+                str(rl_dir),
+                experience_summary["train"]["model_dir"],
+                experience_label,
+                ingest_summary["validated_path"],
+                run_dir,
+                phase,
+                train_games_dir,
+            )
         else:
             rl = stages.run(real_rl_task, bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
         final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
-        curves = [plot_learning_curves(rl.history, rl_dir / "learning_curves.png",
-                                       f"{config.rl.algorithm} in {config.rl.env}")]
+        curves = [
+            plot_learning_curves(
+                rl.history, rl_dir / "learning_curves.png", f"{config.rl.algorithm} in {config.rl.env}"
+            )
+        ]
         if config.rl.s2r_budget and config.rl.env == "dream":
-            s2r = stages.run(real_rl_task, str(rl.policy_dir), str(root / f"s2r-{rl_key}-{config.rl.s2r_budget}"),
-                             train_games_dir, config.rl.s2r_budget, config, prefix="s2r_")
+            s2r = stages.run(
+                real_rl_task,
+                str(rl.policy_dir),
+                str(root / f"s2r-{rl_key}-{config.rl.s2r_budget}"),
+                train_games_dir,
+                config.rl.s2r_budget,
+                config,
+                prefix="s2r_",
+            )
             final, real_used, s2r_seconds = s2r.policy_dir, real_used + s2r.real_transitions, s2r.seconds
-            curves.append(plot_learning_curves(s2r.history, Path(s2r.policy_dir).parent / "learning_curves.png",
-                                               "sim-to-real: RL in the real games"))
+            curves.append(
+                plot_learning_curves(
+                    s2r.history,
+                    Path(s2r.policy_dir).parent / "learning_curves.png",
+                    "sim-to-real: RL in the real games",
+                )
+            )
         for curve in curves:
             mlflow.log_artifact(str(curve), artifact_path="policy")
 
         test_dir = ingest_summary["test_games_dir"]
-        evals = [stages.run(evaluate_task, name, str(path), test_dir, str(root), config)
-                 for name, path in (("untrained", bc["untrained"]), ("bc", bc["bc"]), ("dreamgym", str(final)))]
-        train_evals = [stages.run(evaluate_task, f"{name}-train-games", str(path), train_games_dir, str(root),
-                                  config, count=config.evaluation.train_games)
-                       for name, path in (("bc", bc["bc"]), ("dreamgym", str(final))) if config.evaluation.train_games]
+        evals = [
+            stages.run(evaluate_task, name, str(path), test_dir, str(root), config)
+            for name, path in (("untrained", bc["untrained"]), ("bc", bc["bc"]), ("dreamgym", str(final)))
+        ]
+        train_evals = [
+            stages.run(
+                evaluate_task,
+                f"{name}-train-games",
+                str(path),
+                train_games_dir,
+                str(root),
+                config,
+                count=config.evaluation.train_games,
+            )
+            for name, path in (("bc", bc["bc"]), ("dreamgym", str(final)))
+            if config.evaluation.train_games
+        ]
         for summary in evals + train_evals:
             mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name'].replace('-', '_')}_"))
             for path in (summary["json_path"], episodes_path(summary["json_path"])):
                 mlflow.log_artifact(str(path), artifact_path="evaluation")
-        comparison = plot_success(evals, root / f"success-{rl_key}-{config.rl.s2r_budget}.png",
-                                  f"held-out games: {evals[0]['episodes']} episodes each")
+        comparison = plot_success(
+            evals,
+            root / f"success-{rl_key}-{config.rl.s2r_budget}.png",
+            f"held-out games: {evals[0]['episodes']} episodes each",
+        )
         mlflow.log_artifact(str(comparison), artifact_path="policy")
         mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions})
         if not (stages.was_cached(dream_rl_task) or stages.was_cached(real_rl_task)):  # this run's work only
@@ -218,28 +357,50 @@ def train_policy(config: PipelineConfig, ingest_summary: dict, experience_summar
         model = str(final)
         if register_model:
             scores = {e["name"]: e for e in evals}
-            version = register_model_dir(final, MODEL_NAME, key=f"{rl_key}-{config.rl.s2r_budget}",
-                                         tags={"data_md5": data_md5, "experience_model": experience_label,
-                                               "rl": f"{config.rl.algorithm}-{config.rl.env}",
-                                               "success_rate": f"{evals[-1]['success_rate']:.4f}",
-                                               "real_transitions": str(real_used),
-                                               "eval_set": current_eval_set(config, held_out_games(config, test_dir)),
-                                               "eval_successes": str(scores["dreamgym"]["wins"]),
-                                               "eval_episodes": str(scores["dreamgym"]["episodes"]),
-                                               "bc_successes": str(scores["bc"]["wins"]),
-                                               "bc_episodes": str(scores["bc"]["episodes"])})
+            version = register_model_dir(
+                final,
+                MODEL_NAME,
+                key=f"{rl_key}-{config.rl.s2r_budget}",
+                tags={
+                    "data_md5": data_md5,
+                    "experience_model": experience_label,
+                    "rl": f"{config.rl.algorithm}-{config.rl.env}",
+                    "success_rate": f"{evals[-1]['success_rate']:.4f}",
+                    "real_transitions": str(real_used),
+                    "eval_set": current_eval_set(config, held_out_games(config, test_dir)),
+                    "eval_successes": str(scores["dreamgym"]["wins"]),
+                    "eval_episodes": str(scores["dreamgym"]["episodes"]),
+                    "bc_successes": str(scores["bc"]["wins"]),
+                    "bc_episodes": str(scores["bc"]["episodes"]),
+                },
+            )
             set_challenger(MODEL_NAME, version)
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.policy", model)
         stages.tag()
-        result = {"mlflow_run_id": run.info.run_id, "model": model, "bc": bc,
-                  "rl": {"epochs": len(rl.history), "seconds": rl.seconds, "s2r_seconds": s2r_seconds,
-                         "reused": rl.reused, "history": rl.history,
-                         "real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions,
-                         "algorithm": config.rl.algorithm, "env": config.rl.env},
-                  "evaluations": evals, "train_evaluations": train_evals}
-        create_markdown_artifact(key="policy-summary", description="Policies trained and evaluated",
-                                 markdown=markdown_table("Policy", policy_rows(result)))
+        result = {
+            "mlflow_run_id": run.info.run_id,
+            "model": model,
+            "bc": bc,
+            "rl": {
+                "epochs": len(rl.history),
+                "seconds": rl.seconds,
+                "s2r_seconds": s2r_seconds,
+                "reused": rl.reused,
+                "history": rl.history,
+                "real_transitions": real_used,
+                "synthetic_transitions": rl.synthetic_transitions,
+                "algorithm": config.rl.algorithm,
+                "env": config.rl.env,
+            },
+            "evaluations": evals,
+            "train_evaluations": train_evals,
+        }
+        create_markdown_artifact(
+            key="policy-summary",
+            description="Policies trained and evaluated",
+            markdown=markdown_table("Policy", policy_rows(result)),
+        )
         return result
 
 
@@ -250,12 +411,22 @@ def policy_rows(summary: dict) -> list[tuple[str, str]]:
     rows = []
     for e in summary["evaluations"]:
         seen = on_training_games.get(e["name"])
-        rows.append((f"success: {e['name']}",
-                     f"held-out {e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
-                     f"{e['episodes']} games, mean steps {e['mean_steps']:.1f})"
-                     + (f"; its training games {seen['success_rate']:.1%} ({seen['episodes']})" if seen else "")))
+        rows.append(
+            (
+                f"success: {e['name']}",
+                f"held-out {e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
+                f"{e['episodes']} games, mean steps {e['mean_steps']:.1f})"
+                + (f"; its training games {seen['success_rate']:.1%} ({seen['episodes']})" if seen else ""),
+            )
+        )
     how = "reused" if rl["reused"] else f"{rl['seconds'] / 60:.1f} min"
-    rows += [("RL", f"{rl['algorithm']} in {rl['env']}: {rl['epochs']} epochs ({how}), real transitions "
-                    f"{rl['real_transitions']}, synthetic {rl['synthetic_transitions']}"),
-             ("policy", summary["model"]), ("MLflow run (policy)", summary["mlflow_run_id"])]
+    rows += [
+        (
+            "RL",
+            f"{rl['algorithm']} in {rl['env']}: {rl['epochs']} epochs ({how}), real transitions "
+            f"{rl['real_transitions']}, synthetic {rl['synthetic_transitions']}",
+        ),
+        ("policy", summary["model"]),
+        ("MLflow run (policy)", summary["mlflow_run_id"]),
+    ]
     return rows

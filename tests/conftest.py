@@ -18,9 +18,9 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 
-from dreamgym.config import ExperienceConfig, GamesConfig  # noqa: E402
-from dreamgym.data.collect import CollectionSettings, collect  # noqa: E402
-from dreamgym.data.games import generate_games, plan_games  # noqa: E402
+from dreamgym.config import ExperienceConfig, GamesConfig
+from dreamgym.data.collect import CollectionSettings, collect
+from dreamgym.data.games import generate_games, plan_games
 
 # Small games keep the suite fast: one or two ingredients, one or six rooms.
 TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1)
@@ -28,9 +28,24 @@ TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, t
 # retrieval (no buffer needed), no reasoning, no placeholders (test_experience_placeholders.py has
 # them). Modules import it as `from conftest import ...`.
 TINY_EXPERIENCE = ExperienceConfig(
-    history=1, neighbours=0, reasoning=False, placeholders=False, renamed_copies=0, vocab_size=512, hidden_size=128,
-    layers=2, heads=4, max_length=768, epochs=80, batch_size=4, learning_rate=3e-3,
-    save_steps=10_000, max_new_tokens=160, retries=1, multi_step=3)
+    history=1,
+    neighbours=0,
+    reasoning=False,
+    placeholders=False,
+    renamed_copies=0,
+    vocab_size=512,
+    hidden_size=128,
+    layers=2,
+    heads=4,
+    max_length=768,
+    epochs=80,
+    batch_size=4,
+    learning_rate=3e-3,
+    save_steps=10_000,
+    max_new_tokens=160,
+    retries=1,
+    multi_step=3,
+)
 
 
 @pytest.fixture(scope="session")
@@ -56,15 +71,16 @@ def test_games(games_root) -> list[Path]:
 def offline_dataset(train_games, tmp_path_factory) -> Path:
     """Noisy-expert transitions on the training games: successes and failures."""
     out = tmp_path_factory.mktemp("offline") / "offline.parquet"
-    collect(train_games, out, CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30),
-            workers=2, progress=False)
+    collect(
+        train_games, out, CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30), workers=2, progress=False
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def first_episode(offline_dataset) -> list[dict]:
     """The transitions of the dataset's first trajectory (by id), in step order."""
-    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
+    from dreamgym.data.schema import read_transitions
 
     rows = read_transitions(offline_dataset).to_pylist()
     first = min(row["trajectory_id"] for row in rows)
@@ -75,14 +91,18 @@ def first_episode(offline_dataset) -> list[dict]:
 def tiny_experience(first_episode, tmp_path_factory):
     """`TINY_EXPERIENCE` trained once on `first_episode`, for every module that needs a trained
     model (the TrainResult; its settings file saved beside the weights)."""
-    from dreamgym.experience.examples import build_examples  # noqa: PLC0415
-    from dreamgym.experience.generate import save_settings  # noqa: PLC0415
-    from dreamgym.experience.train import train_sft  # noqa: PLC0415
+    from dreamgym.experience.examples import build_examples
+    from dreamgym.experience.generate import save_settings
+    from dreamgym.experience.train import train_sft
 
     examples = build_examples(None, None, first_episode, TINY_EXPERIENCE, ef_search=40)
-    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples],
-                       TINY_EXPERIENCE, tmp_path_factory.mktemp("tiny-experience"), seed=0,
-                       progress=False)
+    result = train_sft(
+        [{"prompt": e.prompt, "completion": e.completion} for e in examples],
+        TINY_EXPERIENCE,
+        tmp_path_factory.mktemp("tiny-experience"),
+        seed=0,
+        progress=False,
+    )
     save_settings(result.model_dir, TINY_EXPERIENCE)
     return result
 
@@ -109,7 +129,7 @@ def mlflow_tracking(tmp_path, monkeypatch) -> str:
     mlflow.set_tracking_uri(None)
     # set_experiment (the CLI calls it) remembers the experiment id process-wide (and in
     # MLFLOW_EXPERIMENT_ID); a later test with another store would start runs in an id it lacks.
-    import mlflow.tracking.fluent  # noqa: PLC0415
+    import mlflow.tracking.fluent
 
     mlflow.tracking.fluent._active_experiment_id = None
     os.environ.pop("MLFLOW_EXPERIMENT_ID", None)

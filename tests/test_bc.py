@@ -17,8 +17,9 @@ from dreamgym.policy.model import Observation, load_policy
 
 # Small enough to clone three games in under a minute on one thread (12 epochs at batch 16 were
 # not enough: 1 of 3 games won).
-SMALL_POLICY = PolicyConfig(vocab_size=512, hidden_size=64, layers=2, heads=2, max_length=512,
-                            epochs=20, batch_size=8, learning_rate=2e-3)
+SMALL_POLICY = PolicyConfig(
+    vocab_size=512, hidden_size=64, layers=2, heads=2, max_length=512, epochs=20, batch_size=8, learning_rate=2e-3
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +58,14 @@ def test_bc_trains_exactly_the_distribution_acting_reads(rows, cloned):
     policy = load_policy(cloned.model_dir)
     kept = policy.kept_names
     examples = bc_examples(rows, policy.config, kept)
-    episode = sorted((row for row in rows if row["trajectory_id"] == rows[0]["trajectory_id"]),
-                     key=lambda row: row["step"])
-    first = next(i for i, e in enumerate(examples) if e["prompt"] == policy.view(
-        Observation(episode[0]["instruction"], (), episode[0]["state"])).prompt)
+    episode = sorted(
+        (row for row in rows if row["trajectory_id"] == rows[0]["trajectory_id"]), key=lambda row: row["step"]
+    )
+    first = next(
+        i
+        for i, e in enumerate(examples)
+        if e["prompt"] == policy.view(Observation(episode[0]["instruction"], (), episode[0]["state"])).prompt
+    )
     taken: list[str] = []
     for offset, row in enumerate(episode):
         example = examples[first + offset]
@@ -88,8 +93,14 @@ def test_a_finished_bc_run_is_reused_and_another_run_in_its_folder_refused(rows,
     again = train_bc(examples, SMALL_POLICY, cloned.model_dir.parent, seed=0, kept=kept, progress=False)
     assert again.reused and again.steps == cloned.steps
     with pytest.raises(Exception, match="other examples or settings"):
-        train_bc(examples, dataclasses.replace(SMALL_POLICY, epochs=3), cloned.model_dir.parent, seed=0,
-                 kept=kept, progress=False)
+        train_bc(
+            examples,
+            dataclasses.replace(SMALL_POLICY, epochs=3),
+            cloned.model_dir.parent,
+            seed=0,
+            kept=kept,
+            progress=False,
+        )
 
 
 def test_the_untrained_policy_starts_from_the_weights_bc_starts_from(rows, tmp_path):

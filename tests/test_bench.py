@@ -4,10 +4,10 @@ import json
 
 import pytest
 from mlflow.tracking import MlflowClient
+from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 from dreamgym.benchmark import bench_plan, check_targets
 from dreamgym.errors import DreamgymError
-from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 ROWS = ["bc", "real-grpo", "dreamgym-grpo", "dreamgym-s2r-grpo", "no-retrieval"]
@@ -20,10 +20,25 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
     project = make_project(tmp_path / "project", train_games, test_games)
     out = tmp_path / "bench" / "bench.json"
     with pytest.raises(DreamgymError, match="holds 1 games, the bench evaluates 100"):
-        bench(str(project / "params.yaml"), str(project / "data" / "games" / "test"), str(out),
-              seeds=[0], real_budget=BUDGET, rows=ROWS, overrides=OVERRIDES)
-    returned = bench(str(project / "params.yaml"), str(project / "data" / "games" / "test"), str(out),
-                     seeds=[0], real_budget=BUDGET, rows=ROWS, overrides=OVERRIDES, held_out=1)
+        bench(
+            str(project / "params.yaml"),
+            str(project / "data" / "games" / "test"),
+            str(out),
+            seeds=[0],
+            real_budget=BUDGET,
+            rows=ROWS,
+            overrides=OVERRIDES,
+        )
+    returned = bench(
+        str(project / "params.yaml"),
+        str(project / "data" / "games" / "test"),
+        str(out),
+        seeds=[0],
+        real_budget=BUDGET,
+        rows=ROWS,
+        overrides=OVERRIDES,
+        held_out=1,
+    )
     rows = json.loads(out.read_text())
     assert rows == json.loads(json.dumps(returned))
     assert [row["name"] for row in rows] == ROWS
@@ -51,8 +66,9 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
     assert out.with_suffix(".md").read_text().startswith("| row | seed | success")
     assert out.with_suffix(".png").stat().st_size > 0
     client = MlflowClient()
-    [parent] = client.search_runs([client.get_experiment_by_name("dreamgym").experiment_id],
-                                  "tags.`dreamgym.stage` = 'bench'")
+    [parent] = client.search_runs(
+        [client.get_experiment_by_name("dreamgym").experiment_id], "tags.`dreamgym.stage` = 'bench'"
+    )
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id, "bench")}
     assert {"bench/bench.json", "bench/bench.md", "bench/bench.png", "bench/targets.json"} <= artifacts
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -62,8 +78,18 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
 
 def test_plan_and_targets():
     plan = {row.name: row.overrides for row in bench_plan(1000)}
-    assert list(plan) == ["bc", "real-grpo", "real-ppo", "dreamgym-grpo", "dreamgym-ppo", "dreamgym-s2r-grpo",
-                          "no-retrieval", "no-history", "no-reasoning", "no-curriculum"]
+    assert list(plan) == [
+        "bc",
+        "real-grpo",
+        "real-ppo",
+        "dreamgym-grpo",
+        "dreamgym-ppo",
+        "dreamgym-s2r-grpo",
+        "no-retrieval",
+        "no-history",
+        "no-reasoning",
+        "no-curriculum",
+    ]
     assert plan["real-ppo"]["rl.real_budget"] == 1000 and plan["real-ppo"]["rl.algorithm"] == "ppo"
     assert plan["real-grpo"]["rl.epochs"] > 1000, "real-env RL runs until its budget is spent"
     assert plan["dreamgym-s2r-grpo"]["rl.s2r_budget"] == 100 and plan["dreamgym-grpo"]["rl.env"] == "dream"
@@ -75,12 +101,29 @@ def test_plan_and_targets():
     def row(name, rate, upper, fidelity=0.5):
         return {"name": name, "success_rate": rate, "ci95": [0.0, upper], "experience_fidelity": fidelity}
 
-    targets = {t["target"].split(" ")[0]: t["holds"] for t in check_targets([
-        row("bc", 0.1, 0.3), row("real-grpo", 0.3, 0.5), row("dreamgym-grpo", 0.25, 0.45),
-        row("dreamgym-s2r-grpo", 0.45, 0.6), row("no-history", 0.3, 0.5), row("no-reasoning", 0.2, 0.4),
-        row("no-retrieval", 0.25, 0.45, fidelity=0.4), row("no-curriculum", 0.25, 0.45)])}
+    targets = {
+        t["target"].split(" ")[0]: t["holds"]
+        for t in check_targets(
+            [
+                row("bc", 0.1, 0.3),
+                row("real-grpo", 0.3, 0.5),
+                row("dreamgym-grpo", 0.25, 0.45),
+                row("dreamgym-s2r-grpo", 0.45, 0.6),
+                row("no-history", 0.3, 0.5),
+                row("no-reasoning", 0.2, 0.4),
+                row("no-retrieval", 0.25, 0.45, fidelity=0.4),
+                row("no-curriculum", 0.25, 0.45),
+            ]
+        )
+    }
     # DreamGym's CI reaches real GRPO; S2R gains 0.35 over BC vs real's 0.2 (>= 1.4x); an ablation
     # that does better than DreamGym does not hold; one that ties on success holds only if its
     # experience model is less faithful.
-    assert targets == {"DreamGym": True, "DreamGym-S2R": True, "no-history": False, "no-reasoning": True,
-                       "no-retrieval": True, "no-curriculum": False}
+    assert targets == {
+        "DreamGym": True,
+        "DreamGym-S2R": True,
+        "no-history": False,
+        "no-reasoning": True,
+        "no-retrieval": True,
+        "no-curriculum": False,
+    }

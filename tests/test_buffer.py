@@ -16,8 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from dreamgym.buffer.embeddings import EmbeddingError, transition_text
-from dreamgym.buffer.migrations import (MIGRATIONS_DIR, MigrationError, apply_migrations,
-                                        load_migrations)
+from dreamgym.buffer.migrations import MIGRATIONS_DIR, MigrationError, apply_migrations, load_migrations
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.stats import buffer_stats
 from dreamgym.buffer.store import HNSW_INDEX, upsert_transitions
@@ -43,8 +42,9 @@ def offline_vectors(offline_rows, encoder) -> np.ndarray:
 
 @pytest.fixture
 def filled(buffer_db, offline_dataset, offline_vectors):
-    upsert_transitions(buffer_db, read_transitions(offline_dataset), embeddings=offline_vectors,
-                       data_version="md5-test")
+    upsert_transitions(
+        buffer_db, read_transitions(offline_dataset), embeddings=offline_vectors, data_version="md5-test"
+    )
     return buffer_db
 
 
@@ -52,8 +52,7 @@ def test_migrations_apply_once_and_refuse_an_edited_history(buffer_db, tmp_path)
     assert apply_migrations(buffer_db.engine, load_migrations(384)) == []  # the fixture applied them
     with buffer_db.engine.connect() as connection:
         recorded = connection.execute(text("SELECT name, checksum FROM schema_migrations")).all()
-    assert [(name, checksum) for name, checksum in recorded] == [
-        (m.name, m.checksum) for m in load_migrations(384)]
+    assert [(name, checksum) for name, checksum in recorded] == [(m.name, m.checksum) for m in load_migrations(384)]
 
     edited = tmp_path / "sql"
     shutil.copytree(MIGRATIONS_DIR, edited)
@@ -98,7 +97,8 @@ def _unique_text_rows(rows: list[dict]) -> list[int]:
 
 
 def test_a_large_load_rebuilds_the_index_and_a_small_one_inserts_into_it(
-        buffer_db, offline_dataset, offline_rows, offline_vectors):
+    buffer_db, offline_dataset, offline_rows, offline_vectors
+):
     with buffer_db.engine.connect() as connection:
         index = connection.execute(text("SELECT pg_get_indexdef(to_regclass(:n))"), {"n": HNSW_INDEX}).scalar()
     table, cut = read_transitions(offline_dataset), int(len(offline_rows) * 0.9)
@@ -107,8 +107,7 @@ def test_a_large_load_rebuilds_the_index_and_a_small_one_inserts_into_it(
     assert large.bulk and not small.bulk
     assert large.inserted + small.inserted == count(buffer_db) == len(offline_rows)
     with buffer_db.engine.connect() as connection:
-        assert connection.execute(text("SELECT pg_get_indexdef(to_regclass(:n))"),
-                                  {"n": HNSW_INDEX}).scalar() == index
+        assert connection.execute(text("SELECT pg_get_indexdef(to_regclass(:n))"), {"n": HNSW_INDEX}).scalar() == index
     # Rows of both loads are reachable through the index.
     unique = _unique_text_rows(offline_rows)
     probes = [i for i in unique if i < cut][:3] + [i for i in unique if i >= cut][:3]
@@ -136,8 +135,9 @@ def test_batched_and_one_by_one_retrieval_agree(filled, offline_vectors):
     queries = offline_vectors[::7][:8]
     batched = search(filled, queries, k=4)
     single = [search(filled, query[None], k=4)[0] for query in queries]
-    assert [[n.transition["content_hash"] for n in hits] for hits in batched] == \
-        [[n.transition["content_hash"] for n in hits] for hits in single]
+    assert [[n.transition["content_hash"] for n in hits] for hits in batched] == [
+        [n.transition["content_hash"] for n in hits] for hits in single
+    ]
 
 
 def test_filters_are_honoured(filled, offline_rows, offline_vectors):
@@ -150,8 +150,12 @@ def test_filters_are_honoured(filled, offline_rows, offline_vectors):
     assert search(filled, query, k=10, filters=Filters(source="synthetic")) == [[]]
 
     # A synthetic copy of the row: same text, so it is as near as the real one.
-    synthetic = {**row, "source": "synthetic", "model_version": "dreamgym-experience/1",
-                 "trajectory_id": "synthetic-trajectory"}
+    synthetic = {
+        **row,
+        "source": "synthetic",
+        "model_version": "dreamgym-experience/1",
+        "trajectory_id": "synthetic-trajectory",
+    }
     synthetic["content_hash"] = content_hash(synthetic)
     upsert_transitions(filled, to_table([synthetic]), embeddings=query)
     [real_only] = search(filled, query, k=10, filters=Filters(source="real"))
@@ -183,18 +187,20 @@ def test_stats(filled, offline_rows):
     assert stats["transitions"] == len(offline_rows)
     assert stats["by_source_env"] == [{"source": "real", "env": "textworld", "transitions": len(offline_rows)}]
     assert stats["hnsw_index"] and stats["without_embedding"] == 0
-    assert stats["migrations"] == ["001_buffer", "002_embedding_inline", "003_expert_action",
-                                  "004_finite_rewards"]
+    assert stats["migrations"] == ["001_buffer", "002_embedding_inline", "003_expert_action", "004_finite_rewards"]
 
 
 def test_command_line(buffer_db, offline_dataset, offline_rows):
-    environment = {**os.environ,
-                   "DATABASE_URL": buffer_db.engine.url.render_as_string(hide_password=False)}
+    environment = {**os.environ, "DATABASE_URL": buffer_db.engine.url.render_as_string(hide_password=False)}
 
     def dreamgym(*args):
-        done = subprocess.run([sys.executable, "-m", "dreamgym.cli", "buffer", *args,
-                               "--params", str(ROOT / "params.yaml")],
-                              capture_output=True, text=True, env=environment, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "dreamgym.cli", "buffer", *args, "--params", str(ROOT / "params.yaml")],
+            capture_output=True,
+            text=True,
+            env=environment,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -202,7 +208,8 @@ def test_command_line(buffer_db, offline_dataset, offline_rows):
     assert dreamgym("ingest", str(offline_dataset)) == {"inserted": 0, "skipped": len(offline_rows)}
     assert dreamgym("stats", "--json")["transitions"] == len(offline_rows)
     row = offline_rows[0]
-    hits = dreamgym("query", "--task", row["task_id"], "--state", row["state"], "--action", row["action"],
-                    "-k", "3", "--json")
+    hits = dreamgym(
+        "query", "--task", row["task_id"], "--state", row["state"], "--action", row["action"], "-k", "3", "--json"
+    )
     assert len(hits) == 3 and hits[0]["similarity"] == pytest.approx(1.0, abs=1e-4)
     assert hits[0]["state"] == row["state"] and hits[0]["action"] == row["action"]

@@ -29,7 +29,7 @@ TIMEOUT = 120  # seconds per child: generous for a loaded 2-core machine
 
 # argv: parquet, batch_rows, go file ("-": start at once), hold_at (commit number to stall in; 0: never),
 # bulk_load_fraction (0: one transaction with the HNSW index rebuilt; 2: a transaction per batch).
-CHILD = r'''
+CHILD = r"""
 import json, sys, time
 from pathlib import Path
 import numpy as np
@@ -68,7 +68,7 @@ result = store.upsert_transitions(database, table, embeddings=vectors, batch_row
                                   bulk_load_fraction=bulk_load_fraction)
 print("result", json.dumps({"inserted": result.inserted, "skipped": result.skipped,
                             "bulk": result.bulk}), flush=True)
-'''
+"""
 
 
 class Child:
@@ -77,8 +77,13 @@ class Child:
     def __init__(self, script: Path, stderr: Path, url: str, *args: object):
         self.stderr_path = stderr
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), *map(str, args)], cwd=ROOT, text=True,
-            stdout=subprocess.PIPE, stderr=stderr.open("w"), env={**os.environ, "DATABASE_URL": url})
+            [sys.executable, str(script), *map(str, args)],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=stderr.open("w"),
+            env={**os.environ, "DATABASE_URL": url},
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -97,8 +102,9 @@ class Child:
                 pytest.fail(f"no {word!r} from the child within {TIMEOUT} s; got {seen}")
             if line is None:
                 self.proc.wait(TIMEOUT)
-                pytest.fail(f"child exited ({self.proc.returncode}) before {word!r}; got {seen}\n"
-                            f"{self.stderr_path.read_text()}")
+                pytest.fail(
+                    f"child exited ({self.proc.returncode}) before {word!r}; got {seen}\n{self.stderr_path.read_text()}"
+                )
             seen.append(line)
             if line.startswith(word):
                 return seen
@@ -137,21 +143,22 @@ def _column(database, sql: str) -> list:
 
 def _hnsw_index(database) -> str | None:
     with database.engine.connect() as connection:
-        return connection.execute(text("SELECT pg_get_indexdef(to_regclass(:name))"),
-                                  {"name": HNSW_INDEX}).scalar()
+        return connection.execute(text("SELECT pg_get_indexdef(to_regclass(:name))"), {"name": HNSW_INDEX}).scalar()
 
 
 @pytest.mark.parametrize("bulk_load_fraction", [2.0, 0.0], ids=["per-batch", "bulk"])
 def test_two_processes_ingesting_overlapping_files_at_once_end_with_the_union(
-        offline_dataset, buffer_db, spawn, tmp_path, bulk_load_fraction):
+    offline_dataset, buffer_db, spawn, tmp_path, bulk_load_fraction
+):
     table = read_transitions(offline_dataset)
     n = table.num_rows
     cut = int(n * 0.3)
     # A holds rows [0, 70%); B holds rows [70%, 100%) then [30%, 70%). The shared rows sit at the
     # same offset in both files, so the two writers reach them together, in the same batches.
     file_a = write_transitions(table.slice(0, n - cut), tmp_path / "a.parquet")
-    file_b = write_transitions(pa.concat_tables([table.slice(n - cut), table.slice(cut, n - 2 * cut)]),
-                               tmp_path / "b.parquet")
+    file_b = write_transitions(
+        pa.concat_tables([table.slice(n - cut), table.slice(cut, n - 2 * cut)]), tmp_path / "b.parquet"
+    )
     go = tmp_path / "go"
     index_before = _hnsw_index(buffer_db)
     children = [spawn(file_a, 20, go, 0, bulk_load_fraction), spawn(file_b, 20, go, 0, bulk_load_fraction)]
@@ -165,16 +172,15 @@ def test_two_processes_ingesting_overlapping_files_at_once_end_with_the_union(
     assert len(stored) == len(union) and set(stored) == union
     assert sum(r["inserted"] for r in results) == len(union)
     assert [r["inserted"] + r["skipped"] for r in results] == [n - cut, n - cut]
-    assert sorted(_column(buffer_db, "SELECT task_id FROM tasks")) == \
-        sorted(set(table["task_id"].to_pylist()))
-    assert sorted(_column(buffer_db, "SELECT trajectory_id FROM trajectories")) == \
-        sorted(set(table["trajectory_id"].to_pylist()))
+    assert sorted(_column(buffer_db, "SELECT task_id FROM tasks")) == sorted(set(table["task_id"].to_pylist()))
+    assert sorted(_column(buffer_db, "SELECT trajectory_id FROM trajectories")) == sorted(
+        set(table["trajectory_id"].to_pylist())
+    )
     assert [r["bulk"] for r in results] == [bulk_load_fraction == 0.0] * 2
     assert _hnsw_index(buffer_db) == index_before  # rebuilt as it was, by whichever loaded last
 
 
-def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows(
-        offline_dataset, buffer_db, spawn):
+def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows(offline_dataset, buffer_db, spawn):
     hashes = read_transitions(offline_dataset)["content_hash"].to_pylist()
     batch_rows, committed = 5, 3
     assert len(hashes) > batch_rows * (committed + 1), "the dataset is too small for this test"
@@ -189,7 +195,7 @@ def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows
 
     # Whole batches only: the three committed ones, none of the killed one.
     present = _column(buffer_db, "SELECT content_hash FROM transitions")
-    assert set(present) == set(hashes[:batch_rows * committed])
+    assert set(present) == set(hashes[: batch_rows * committed])
     assert len(present) == len(set(present))
 
     result = spawn(offline_dataset, batch_rows, "-", 0, 2.0).result()
@@ -200,7 +206,8 @@ def test_a_process_killed_mid_ingest_then_rerun_ends_with_exactly_the_files_rows
 
 
 def test_a_process_killed_in_a_bulk_load_leaves_the_buffer_and_its_index_as_they_were(
-        offline_dataset, buffer_db, spawn, tmp_path):
+    offline_dataset, buffer_db, spawn, tmp_path
+):
     table = read_transitions(offline_dataset)
     first = write_transitions(table.slice(0, 10), tmp_path / "first.parquet")
     assert spawn(first, 10, "-", 0, 2.0).result()["bulk"] is False

@@ -12,8 +12,13 @@ PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 
 def dreamgym(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dreamgym.cli", *args, "--params", str(PARAMS)],
-                          capture_output=True, text=True, cwd=cwd, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "dreamgym.cli", *args, "--params", str(PARAMS)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+    )
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -25,17 +30,20 @@ def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) ->
 
 
 def test_unknown_split(tmp_path):
-    assert_one_line_error(dreamgym("games", "--split", "dev", "--out", str(tmp_path)),
-                          "unknown split 'dev'", "train, valid, test")
+    assert_one_line_error(
+        dreamgym("games", "--split", "dev", "--out", str(tmp_path)), "unknown split 'dev'", "train, valid, test"
+    )
 
 
 def test_missing_game_file(train_games, tmp_path):
     # A game's metadata without its story file: the folder holds no playable game.
     (tmp_path / "only.json").write_bytes(train_games[0].with_suffix(".json").read_bytes())
-    assert_one_line_error(dreamgym("collect", "--games", str(tmp_path), "--out", str(tmp_path / "o.parquet")),
-                          "no .z8 games")
-    assert_one_line_error(dreamgym("collect", "--games", str(tmp_path / "nope"), "--out", "o.parquet"),
-                          "does not exist")
+    assert_one_line_error(
+        dreamgym("collect", "--games", str(tmp_path), "--out", str(tmp_path / "o.parquet")), "no .z8 games"
+    )
+    assert_one_line_error(
+        dreamgym("collect", "--games", str(tmp_path / "nope"), "--out", "o.parquet"), "does not exist"
+    )
 
 
 def test_corrupt_game_file(train_games, tmp_path):
@@ -43,15 +51,17 @@ def test_corrupt_game_file(train_games, tmp_path):
         shutil.copy(train_games[0].with_suffix(suffix), tmp_path / f"game{suffix}")
     story = (tmp_path / "game.z8").read_bytes()
     (tmp_path / "game.z8").write_bytes(story[: len(story) // 2])
-    assert_one_line_error(dreamgym("collect", "--games", str(tmp_path), "--out", str(tmp_path / "o.parquet")),
-                          "game.z8 is truncated", "regenerate it")
+    assert_one_line_error(
+        dreamgym("collect", "--games", str(tmp_path), "--out", str(tmp_path / "o.parquet")),
+        "game.z8 is truncated",
+        "regenerate it",
+    )
 
 
 def test_parquet_with_missing_columns(offline_dataset, tmp_path):
     table = pq.read_table(offline_dataset).drop_columns(["reward", "next_state"])
     pq.write_table(table, tmp_path / "partial.parquet")
-    assert_one_line_error(dreamgym("validate", str(tmp_path / "partial.parquet")),
-                          "missing columns next_state, reward")
+    assert_one_line_error(dreamgym("validate", str(tmp_path / "partial.parquet")), "missing columns next_state, reward")
 
 
 def test_not_a_parquet_file(tmp_path):
@@ -60,15 +70,21 @@ def test_not_a_parquet_file(tmp_path):
 
 
 def test_bad_option_value(train_games, tmp_path):
-    assert_one_line_error(dreamgym("collect", "--games", str(train_games[0].parent), "--out",
-                                   str(tmp_path / "o.parquet"), "--epsilon", "1.5"),
-                          "'--epsilon'", "less than or equal to 1", "collect --help")
+    assert_one_line_error(
+        dreamgym(
+            "collect", "--games", str(train_games[0].parent), "--out", str(tmp_path / "o.parquet"), "--epsilon", "1.5"
+        ),
+        "'--epsilon'",
+        "less than or equal to 1",
+        "collect --help",
+    )
 
 
 @pytest.mark.parametrize("command", ["games", "collect", "validate", "check-env", "run"])
 def test_every_command_has_help(command):
-    done = subprocess.run([sys.executable, "-m", "dreamgym.cli", command, "--help"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "dreamgym.cli", command, "--help"], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0 and "Usage" in done.stdout
 
 

@@ -1,3 +1,4 @@
+import itertools
 import random
 
 import pyarrow.compute as pc
@@ -42,7 +43,7 @@ def test_offline_dataset_is_well_formed(offline_dataset):
     for steps in by_trajectory.values():
         assert [row["step"] for row in steps] == list(range(len(steps)))
         assert all(row["action"] in parse_state(row["state"]).actions for row in steps)
-        assert all(a["next_state"] == b["state"] for a, b in zip(steps, steps[1:]))
+        assert all(a["next_state"] == b["state"] for a, b in itertools.pairwise(steps))
         assert [row["terminated"] or row["truncated"] for row in steps] == [False] * (len(steps) - 1) + [True]
         assert sum(row["reward"] for row in steps) == steps[-1]["score"]
 
@@ -70,8 +71,12 @@ def test_collection_is_reproducible_and_reused(train_games, tmp_path):
     assert again.reused and again.transitions == first.transitions
     assert (tmp_path / "a.parquet").stat().st_mtime_ns == mtime
 
-    changed = collect(train_games, tmp_path / "a.parquet",
-                      CollectionSettings("noisy-expert", 0.3, 2, seed=6, max_steps=30), progress=False)
+    changed = collect(
+        train_games,
+        tmp_path / "a.parquet",
+        CollectionSettings("noisy-expert", 0.3, 2, seed=6, max_steps=30),
+        progress=False,
+    )
     assert not changed.reused
 
 

@@ -11,12 +11,15 @@ def test_params_yaml_is_valid_and_matches_the_defaults():
     assert load_config(PARAMS) == PipelineConfig()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"collect.epsilon": 1.5}, "params.yaml: collect.epsilon = 1.5: Input should be less than or equal to 1"),
-    ({"collect.epsillon": 0.1}, "unknown key 'collect.epsillon'; remove it or check its spelling"),
-    ({"env.max_steps": "many"}, "env.max_steps = 'many': Input should be a valid integer"),
-    ({"validation.reward_min": 20}, "reward_min (20.0) is above reward_max (10.0): swap them"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"collect.epsilon": 1.5}, "params.yaml: collect.epsilon = 1.5: Input should be less than or equal to 1"),
+        ({"collect.epsillon": 0.1}, "unknown key 'collect.epsillon'; remove it or check its spelling"),
+        ({"env.max_steps": "many"}, "env.max_steps = 'many': Input should be a valid integer"),
+        ({"validation.reward_min": 20}, "reward_min (20.0) is above reward_max (10.0): swap them"),
+    ],
+)
 def test_bad_values_name_the_key_and_the_fix(tmp_path, overrides, message):
     params = tmp_path / "params.yaml"
     params.write_text(PARAMS.read_text())

@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from dreamgym.config import ConfigError, CurriculumConfig, load_config
-from dreamgym.curriculum import (Curriculum, binary_entropy, check_variation, reward_variance,
-                                 task_score, variation_id, weighted_sample)
+from dreamgym.curriculum import (
+    Curriculum,
+    binary_entropy,
+    check_variation,
+    reward_variance,
+    task_score,
+    variation_id,
+    weighted_sample,
+)
 from dreamgym.envs.base import Task
 from dreamgym.state import AbstractState, format_state
 
@@ -17,8 +24,7 @@ PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 
 def state(location: str, *actions: str, inventory: tuple[str, ...] = ()) -> str:
-    return format_state(AbstractState(location=location, visible=("table",), inventory=inventory,
-                                      actions=actions))
+    return format_state(AbstractState(location=location, visible=("table",), inventory=inventory, actions=actions))
 
 
 KITCHEN = state("kitchen", "go north", "open fridge", "take knife from table")
@@ -27,9 +33,11 @@ GARDEN = state("garden", "go east", "take apple from tree")
 
 
 def seed_tasks() -> list[Task]:
-    return [Task("solved", "eat the meal", "tw-cooking", initial_state=KITCHEN, max_score=3),
-            Task("failed", "cook the salt", "tw-cooking", initial_state=PANTRY, max_score=2),
-            Task("mixed", "slice the apple", "tw-cooking", initial_state=GARDEN, max_score=4)]
+    return [
+        Task("solved", "eat the meal", "tw-cooking", initial_state=KITCHEN, max_score=3),
+        Task("failed", "cook the salt", "tw-cooking", initial_state=PANTRY, max_score=2),
+        Task("mixed", "slice the apple", "tw-cooking", initial_state=GARDEN, max_score=4),
+    ]
 
 
 def config(**values) -> CurriculumConfig:
@@ -45,10 +53,15 @@ def record_three(curriculum: Curriculum) -> None:
 # ---------------------------------------------------------------- pure functions
 
 
-@pytest.mark.parametrize("p, bits", [
-    (0.0, 0.0), (1.0, 0.0), (0.5, 1.0),
-    (0.25, 0.8112781244591328),  # -(0.25 log2 0.25 + 0.75 log2 0.75) = 0.5 + 0.311278...
-])
+@pytest.mark.parametrize(
+    "p, bits",
+    [
+        (0.0, 0.0),
+        (1.0, 0.0),
+        (0.5, 1.0),
+        (0.25, 0.8112781244591328),  # -(0.25 log2 0.25 + 0.75 log2 0.75) = 0.5 + 0.311278...
+    ],
+)
 def test_binary_entropy_by_hand(p, bits):
     assert binary_entropy(p) == pytest.approx(bits)
 
@@ -121,7 +134,7 @@ def test_uncertain_tasks_are_drawn_in_proportion_to_their_score():
 
 
 def test_unseen_tasks_come_before_tried_ones_that_score_zero():
-    seeds = seed_tasks() + [Task("new", "find the pepper", "tw-cooking", initial_state=KITCHEN)]
+    seeds = [*seed_tasks(), Task("new", "find the pepper", "tw-cooking", initial_state=KITCHEN)]
     for selection in ("entropy", "variance"):
         curriculum = Curriculum(seeds, config(tasks_per_epoch=1, selection=selection))
         curriculum.record("solved", [1.0], [True])
@@ -158,9 +171,11 @@ def test_record_rejects_unknown_tasks_and_mismatched_groups():
 
 def test_draw_is_deterministic_for_a_seed_and_epoch():
     def draws(seed):
-        curriculum = Curriculum(seed_tasks() + [Task(f"t{i}", f"task {i}", "tw-cooking",
-                                                     initial_state=KITCHEN) for i in range(10)],
-                                config(tasks_per_epoch=5), seed=seed)
+        curriculum = Curriculum(
+            seed_tasks() + [Task(f"t{i}", f"task {i}", "tw-cooking", initial_state=KITCHEN) for i in range(10)],
+            config(tasks_per_epoch=5),
+            seed=seed,
+        )
         record_three(curriculum)
         return [[task.task_id for task in curriculum.draw(epoch)] for epoch in range(4)]
 
@@ -174,8 +189,9 @@ def test_curriculum_off_is_uniform_over_seeds_and_writes_nothing():
         raise AssertionError("write_variations must not be called with the curriculum off")
 
     seeds = seed_tasks()
-    curriculum = Curriculum(seeds, config(enabled=False, variation_fraction=0.5, tasks_per_epoch=1),
-                            write_variations=never)
+    curriculum = Curriculum(
+        seeds, config(enabled=False, variation_fraction=0.5, tasks_per_epoch=1), write_variations=never
+    )
     record_three(curriculum)  # settled tasks still drawn: no scores used
     counts = Counter(curriculum.draw(epoch)[0].task_id for epoch in range(1500))
     assert set(counts) == {"solved", "failed", "mixed"}
@@ -191,16 +207,18 @@ def test_check_variation_names_each_problem():
     seed = seed_tasks()[2]
     verbs = {"go", "open", "take"}
     known = {(seed.instruction, seed.initial_state)}
-    ok = dataclasses.replace(seed, instruction="slice the pear",
-                             initial_state=state("garden", "go east", "take pear from tree"))
+    ok = dataclasses.replace(
+        seed, instruction="slice the pear", initial_state=state("garden", "go east", "take pear from tree")
+    )
     assert check_variation(ok, seed, known, verbs) is None
     cases = {
         "instruction is empty": dataclasses.replace(ok, instruction="  "),
         "initial_state is missing": dataclasses.replace(ok, initial_state=None),
         "does not parse: expected 4 lines": dataclasses.replace(ok, initial_state="location: garden"),
         "no available actions": dataclasses.replace(ok, initial_state=state("garden")),
-        "duplicates a known task": dataclasses.replace(ok, instruction=seed.instruction,
-                                                       initial_state=seed.initial_state),
+        "duplicates a known task": dataclasses.replace(
+            ok, instruction=seed.instruction, initial_state=seed.initial_state
+        ),
         "unknown verbs 'fly'": dataclasses.replace(ok, initial_state=state("garden", "fly north", "go east")),
     }
     for problem, candidate in cases.items():
@@ -211,17 +229,28 @@ def test_check_variation_names_each_problem():
 def write_some(seeds, count):
     """A variation writer as the experience model would be: some good answers, some broken."""
     mixed = next(seed for seed in seeds if seed.task_id == "mixed")
-    good = [dataclasses.replace(mixed, instruction="slice the pear",
-                                initial_state=state("garden", "go east", "take pear from tree")),
-            dataclasses.replace(mixed, task_id="mixed~abc", instruction="slice the plum",
-                                initial_state=state("orchard", "go west", "take plum from tree"))]
-    bad = [dataclasses.replace(mixed, instruction="slice the fig", initial_state="not a state"),
-           dataclasses.replace(mixed, instruction="slice the fig", initial_state=state("garden")),
-           dataclasses.replace(mixed, instruction="slice the pear",  # same as good[0]
-                               initial_state=state("garden", "go east", "take pear from tree")),
-           dataclasses.replace(mixed, instruction="fly", initial_state=state("sky", "fly north")),
-           dataclasses.replace(mixed, task_id="elsewhere", instruction="x",
-                               initial_state=state("garden", "go east"))]
+    good = [
+        dataclasses.replace(
+            mixed, instruction="slice the pear", initial_state=state("garden", "go east", "take pear from tree")
+        ),
+        dataclasses.replace(
+            mixed,
+            task_id="mixed~abc",
+            instruction="slice the plum",
+            initial_state=state("orchard", "go west", "take plum from tree"),
+        ),
+    ]
+    bad = [
+        dataclasses.replace(mixed, instruction="slice the fig", initial_state="not a state"),
+        dataclasses.replace(mixed, instruction="slice the fig", initial_state=state("garden")),
+        dataclasses.replace(
+            mixed,
+            instruction="slice the pear",  # same as good[0]
+            initial_state=state("garden", "go east", "take pear from tree"),
+        ),
+        dataclasses.replace(mixed, instruction="fly", initial_state=state("sky", "fly north")),
+        dataclasses.replace(mixed, task_id="elsewhere", instruction="x", initial_state=state("garden", "go east")),
+    ]
     return (good + bad)[:count]
 
 
@@ -233,16 +262,22 @@ def test_variations_are_checked_logged_counted_and_pooled(caplog):
         calls.append(([task.task_id for task in top], count))
         return write_some(top, count)
 
-    curriculum = Curriculum(seeds, config(tasks_per_epoch=7, variation_fraction=1.0, top_fraction=0.33),
-                            write_variations=writer)
+    curriculum = Curriculum(
+        seeds, config(tasks_per_epoch=7, variation_fraction=1.0, top_fraction=0.33), write_variations=writer
+    )
     record_three(curriculum)
     with caplog.at_level(logging.WARNING, logger="dreamgym.curriculum"):
         drawn = curriculum.draw(0)
     assert calls == [(["mixed"], 7)]  # top 33% of 3 seeds: the one uncertain task
     reasons = [record.getMessage() for record in caplog.records]
     assert len(reasons) == 5
-    for problem in ("does not parse", "no available actions", "duplicates a known task",
-                    "unknown verbs 'fly'", "names none of the offered seeds"):
+    for problem in (
+        "does not parse",
+        "no available actions",
+        "duplicates a known task",
+        "unknown verbs 'fly'",
+        "names none of the offered seeds",
+    ):
         assert sum(problem in reason for reason in reasons) == 1, problem
     pear = variation_id(seeds[2], "slice the pear", state("garden", "go east", "take pear from tree"))
     plum = variation_id(seeds[2], "slice the plum", state("orchard", "go west", "take plum from tree"))
@@ -298,14 +333,23 @@ def test_params_yaml_has_the_curriculum_defaults():
     assert load_config(PARAMS).curriculum == CurriculumConfig()
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("curriculum.variation_fraction", 1.5,
-     "curriculum.variation_fraction = 1.5: Input should be less than or equal to 1"),
-    ("curriculum.top_fraction", 0.0, "curriculum.top_fraction = 0.0: Input should be greater than 0"),
-    ("curriculum.selection", "surprise",
-     "curriculum.selection = 'surprise': Input should be 'entropy' or 'variance'"),
-    ("curriculum.window", 0, "curriculum.window = 0: Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        (
+            "curriculum.variation_fraction",
+            1.5,
+            "curriculum.variation_fraction = 1.5: Input should be less than or equal to 1",
+        ),
+        ("curriculum.top_fraction", 0.0, "curriculum.top_fraction = 0.0: Input should be greater than 0"),
+        (
+            "curriculum.selection",
+            "surprise",
+            "curriculum.selection = 'surprise': Input should be 'entropy' or 'variance'",
+        ),
+        ("curriculum.window", 0, "curriculum.window = 0: Input should be greater than or equal to 1"),
+    ],
+)
 def test_bad_curriculum_values_are_explained(tmp_path, key, value, message):
     import yaml
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import TINY_EXPERIENCE
 
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.store import upsert_transitions, write_back
-from conftest import TINY_EXPERIENCE
 from dreamgym.config import BufferConfig, CurriculumConfig
+from dreamgym.curriculum import Curriculum, check_variation
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.base import EnvError
 from dreamgym.envs.checker import check_env
@@ -21,10 +22,15 @@ from dreamgym.experience.format import Step
 from dreamgym.experience.generate import ExperienceModel, Query
 from dreamgym.experience.model import init_model, load_experience_model
 from dreamgym.experience.train import train_sft
-from dreamgym.curriculum import Curriculum, check_variation
-from dreamgym.experience.variations import (parse_variation, seed_rows, seed_tasks,
-                                            variation_examples, variation_prompt, variation_writer,
-                                            write_variations)
+from dreamgym.experience.variations import (
+    parse_variation,
+    seed_rows,
+    seed_tasks,
+    variation_examples,
+    variation_prompt,
+    variation_writer,
+    write_variations,
+)
 from dreamgym.state import format_state, parse_state
 
 # The shared tiny model; longer completions: the episode's first step writes a long delta.
@@ -33,8 +39,7 @@ TINY = dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256)
 
 @pytest.fixture(scope="module")
 def rows(offline_dataset) -> list[dict]:
-    return sorted(read_transitions(offline_dataset).to_pylist(),
-                  key=lambda row: (row["trajectory_id"], row["step"]))
+    return sorted(read_transitions(offline_dataset).to_pylist(), key=lambda row: (row["trajectory_id"], row["step"]))
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +64,19 @@ def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, f
     history = []
     for row in first_episode[:3]:
         state = parse_state(observation)
-        expected = experience.predict([Query(task.instruction, state, row["action"],
-                                             tuple(history[-TINY.history:]), env._episode.trajectory_id)])[0]
-        observation, reward, terminated, truncated, info = env.step(row["action"])
+        expected = experience.predict(
+            [Query(task.instruction, state, row["action"], tuple(history[-TINY.history :]), env._episode.trajectory_id)]
+        )[0]
+        _observation, reward, terminated, _truncated, info = env.step(row["action"])
         if not expected.ok:
             assert (observation, reward, info["model_failure"]) == (format_state(state), 0.0, expected.error)
             break
         assert observation == format_state(expected.completion.next_state)
         assert (reward, terminated) == (expected.completion.reward, expected.completion.done)
-        assert info["won"] == (terminated and reward > 0) and info["score"] == sum(
-            step.reward for step in history) + reward
+        assert (
+            info["won"] == (terminated and reward > 0)
+            and info["score"] == sum(step.reward for step in history) + reward
+        )
         history.append(Step(row["action"], reward, state.location))
         if terminated:
             break
@@ -108,8 +116,11 @@ def test_batched_and_one_by_one_stepping_give_the_same_episodes(experience, firs
 
 
 def test_unparsable_predictions_are_counted_not_made_up(experience, task):
-    untrained = ExperienceModel(init_model(experience.tokenizer, TINY, seed=0), experience.tokenizer,
-                                dataclasses.replace(TINY, max_new_tokens=8, retries=1))
+    untrained = ExperienceModel(
+        init_model(experience.tokenizer, TINY, seed=0),
+        experience.tokenizer,
+        dataclasses.replace(TINY, max_new_tokens=8, retries=1),
+    )
     env = DreamEnv(untrained, max_steps=5)
     start, _ = env.reset(task)
     action = parse_state(start).actions[0]
@@ -121,8 +132,9 @@ def test_unparsable_predictions_are_counted_not_made_up(experience, task):
 
 def _replay(experience, task, rows) -> list[dict]:
     """The synthetic transitions of `rows`' actions played in a fresh DreamEnv, as written back."""
-    env = DreamEnv(experience, max_steps=6, model_version="models:/dreamgym-experience/7",
-                   policy="policy-v3", run_id="run-1")
+    env = DreamEnv(
+        experience, max_steps=6, model_version="models:/dreamgym-experience/7", policy="policy-v3", run_id="run-1"
+    )
     env.reset(task)
     for row in rows:
         if env.step(row["action"])[2]:
@@ -133,7 +145,8 @@ def _replay(experience, task, rows) -> list[dict]:
 
 
 def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
-        experience, first_episode, task, rows, buffer_db, encoder):
+    experience, first_episode, task, rows, buffer_db, encoder
+):
     upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
     synthetic = _replay(experience, task, first_episode[:5])
     assert synthetic
@@ -144,9 +157,11 @@ def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
     with buffer_db.engine.connect() as connection:
         stored = connection.exec_driver_sql(
             "SELECT source, model_version, policy, run_id, count(*) FROM transitions "
-            "WHERE source = 'synthetic' GROUP BY 1, 2, 3, 4").all()
-    assert [tuple(r) for r in stored] == [("synthetic", "models:/dreamgym-experience/7",
-                                           "policy-v3", "run-1", len(synthetic))]
+            "WHERE source = 'synthetic' GROUP BY 1, 2, 3, 4"
+        ).all()
+    assert [tuple(r) for r in stored] == [
+        ("synthetic", "models:/dreamgym-experience/7", "policy-v3", "run-1", len(synthetic))
+    ]
     # Replaying the same rollouts (same task, slot, versions, episode number) gives the same ids.
     again = _replay(experience, task, first_episode[:5])
     assert [r["content_hash"] for r in again] == [r["content_hash"] for r in synthetic]
@@ -154,8 +169,7 @@ def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
     with pytest.raises(ValueError, match="synthetic transitions only"):
         write_back(buffer_db, first_episode[:1], config, embed=encoder.encode)
     # Grounding: by default retrieval returns real transitions only, synthetic ones on request.
-    query = [{"instruction": task.instruction, "state": synthetic[0]["state"],
-              "action": synthetic[0]["action"]}]
+    query = [{"instruction": task.instruction, "state": synthetic[0]["state"], "action": synthetic[0]["action"]}]
     real_only = neighbours(buffer_db, encoder, query, k=5, ef_search=100)[0]
     assert real_only and all(t["source"] == "real" for t in real_only)
     vector = encoder.encode([f"action: {synthetic[0]['action']}"])
@@ -164,6 +178,7 @@ def test_write_back_is_tagged_idempotent_and_kept_out_of_real_retrieval(
 
 
 # --- variations: the second objective ----------------------------------------------------------
+
 
 def test_variation_examples_pair_a_seed_with_real_tasks_and_renamed_copies(rows):
     examples = variation_examples(rows, per_task=4)
@@ -188,8 +203,9 @@ def test_written_variations_are_checked_before_use(rows, tmp_path):
     seed_ids = {task.task_id for task in seeds}
     examples = variation_examples([row for row in rows if row["task_id"] in seed_ids], per_task=2)
     config = dataclasses.replace(TINY, epochs=100, max_length=1024)
-    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], config,
-                       tmp_path, seed=0, progress=False)
+    result = train_sft(
+        [{"prompt": e.prompt, "completion": e.completion} for e in examples], config, tmp_path, seed=0, progress=False
+    )
     model, tokenizer = load_experience_model(result.model_dir)
     written = write_variations(model, tokenizer, seeds, count=6, seed=0, max_new_tokens=480)
     assert len(written) == 6
@@ -209,10 +225,12 @@ def test_written_variations_are_checked_before_use(rows, tmp_path):
     assert any(reason is None for reason in reasons), reasons
     assert all(reason is None or len(reason) > 10 for reason in reasons)
     # The curriculum asks the same model, checks what it writes and pools what it accepts.
-    curriculum = Curriculum(seeds, CurriculumConfig(tasks_per_epoch=4, variation_fraction=0.5),
-                            write_variations=variation_writer(model, tokenizer, max_new_tokens=480))
+    curriculum = Curriculum(
+        seeds,
+        CurriculumConfig(tasks_per_epoch=4, variation_fraction=0.5),
+        write_variations=variation_writer(model, tokenizer, max_new_tokens=480),
+    )
     drawn = curriculum.draw(epoch=0)
     metrics = curriculum.metrics()
     assert len(drawn) == 4 and metrics["variations_accepted"] + metrics["variations_rejected"] == 2
     assert metrics["curriculum_tasks"] == 3 + metrics["variations_accepted"]
-

@@ -11,8 +11,15 @@ import pytest
 
 from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
-from dreamgym.evaluation import (EPISODE_COLUMNS, episodes_path, evaluate_policy, evaluation_metrics, summarize,
-                                 wilson_interval, write_episodes)
+from dreamgym.evaluation import (
+    EPISODE_COLUMNS,
+    episodes_path,
+    evaluate_policy,
+    evaluation_metrics,
+    summarize,
+    wilson_interval,
+    write_episodes,
+)
 from dreamgym.policy.model import load_policy
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
@@ -22,8 +29,8 @@ TINY_POLICY = PolicyConfig(vocab_size=400, hidden_size=32, layers=1, heads=2, ma
 @pytest.fixture(scope="module")
 def policy_dir(offline_dataset, tmp_path_factory) -> Path:
     """An untrained from-scratch policy (tokenizer learned from the BC examples), saved."""
-    from dreamgym.data.schema import read_transitions  # noqa: PLC0415
-    from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names  # noqa: PLC0415
+    from dreamgym.data.schema import read_transitions
+    from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names
 
     rows = read_transitions(offline_dataset).to_pylist()
     kept = policy_kept_names(rows, TINY_POLICY)
@@ -36,13 +43,16 @@ def policy(policy_dir):
     return load_policy(policy_dir)
 
 
-@pytest.mark.parametrize(("successes", "n", "expected"), [
-    (8, 10, (0.4902, 0.9433)),
-    (0, 10, (0.0, 0.2775)),
-    (10, 10, (0.7225, 1.0)),
-    (5, 10, (0.2366, 0.7634)),
-    (1, 1, (0.2065, 1.0)),
-])
+@pytest.mark.parametrize(
+    ("successes", "n", "expected"),
+    [
+        (8, 10, (0.4902, 0.9433)),
+        (0, 10, (0.0, 0.2775)),
+        (10, 10, (0.7225, 1.0)),
+        (5, 10, (0.2366, 0.7634)),
+        (1, 1, (0.2065, 1.0)),
+    ],
+)
 def test_wilson_interval_hand_values(successes, n, expected):
     assert wilson_interval(successes, n) == pytest.approx(expected, abs=1e-4)
 
@@ -58,19 +68,31 @@ def test_wilson_interval_edges():
 
 
 def test_summary_from_records():
-    records = [{"won": True, "return": 3.0, "steps": 4}, {"won": False, "return": 1.0, "steps": 10},
-               {"won": True, "return": 2.0, "steps": 6}, {"won": False, "return": 0.0, "steps": 10}]
+    records = [
+        {"won": True, "return": 3.0, "steps": 4},
+        {"won": False, "return": 1.0, "steps": 10},
+        {"won": True, "return": 2.0, "steps": 6},
+        {"won": False, "return": 0.0, "steps": 10},
+    ]
     summary = summarize(records)
-    assert summary == {"episodes": 4, "wins": 2, "success_rate": 0.5, "ci95": list(wilson_interval(2, 4)),
-                       "mean_return": 1.5, "mean_steps": 7.5, "real_transitions": 30}
+    assert summary == {
+        "episodes": 4,
+        "wins": 2,
+        "success_rate": 0.5,
+        "ci95": list(wilson_interval(2, 4)),
+        "mean_return": 1.5,
+        "mean_steps": 7.5,
+        "real_transitions": 30,
+    }
     assert evaluation_metrics(summary)["eval_ci95_low"] == summary["ci95"][0]
 
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_same_seed_same_report(policy, test_games, greedy):
     def run(seed):
-        return evaluate_policy(policy, test_games, episodes_per_game=3, seed=seed, max_steps=6, greedy=greedy,
-                               batch=2, progress=False)
+        return evaluate_policy(
+            policy, test_games, episodes_per_game=3, seed=seed, max_steps=6, greedy=greedy, batch=2, progress=False
+        )
 
     first, again = run(7), run(7)
     assert first.summary == again.summary and first.records == again.records
@@ -83,12 +105,14 @@ def test_same_seed_same_report(policy, test_games, greedy):
 
 
 def test_report_numbers_are_consistent(policy, train_games, tmp_path):
-    report = evaluate_policy(policy, train_games, episodes_per_game=2, seed=0, max_steps=6, greedy=False,
-                             batch=4, progress=False)
+    report = evaluate_policy(
+        policy, train_games, episodes_per_game=2, seed=0, max_steps=6, greedy=False, batch=4, progress=False
+    )
     summary, records = report.summary, report.records
     assert summary["episodes"] == len(records) == len(train_games) * 2
-    assert [(record["game"], record["episode"]) for record in records] == \
-        [(game.name, index) for game in train_games for index in range(2)]
+    assert [(record["game"], record["episode"]) for record in records] == [
+        (game.name, index) for game in train_games for index in range(2)
+    ]
     assert summary["real_transitions"] == sum(record["steps"] for record in records)
     wins = sum(record["won"] for record in records)
     assert summary["wins"] == wins and summary["success_rate"] == wins / len(records)
@@ -101,33 +125,69 @@ def test_report_numbers_are_consistent(policy, train_games, tmp_path):
     assert tuple(written[0]) == EPISODE_COLUMNS and len(written) == len(records)
 
 
-def test_eval_command_writes_report_and_logs_to_mlflow(policy_dir, test_games, mlflow_tracking, tmp_path,
-                                                       monkeypatch):
-    import mlflow  # noqa: PLC0415
-    from typer.testing import CliRunner  # noqa: PLC0415
+def test_eval_command_writes_report_and_logs_to_mlflow(policy_dir, test_games, mlflow_tracking, tmp_path, monkeypatch):
+    import mlflow
+    from typer.testing import CliRunner
 
-    from dreamgym.cli import app  # noqa: PLC0415
+    from dreamgym.cli import app
 
     for key in ("PREFECT_HOME", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):  # restored after the test
         monkeypatch.delenv(key, raising=False)
     params = shutil.copy(PARAMS, tmp_path / "params.yaml")  # the run dir goes under tmp_path
     out = tmp_path / "eval" / "policy.json"
-    result = CliRunner().invoke(app, ["eval", "--policy", str(policy_dir), "--games", str(test_games[0].parent),
-                                      "--episodes-per-game", "2", "--seed", "3", "--max-steps", "5", "--sample",
-                                      "--json", str(out), "--params", str(params)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--policy",
+            str(policy_dir),
+            "--games",
+            str(test_games[0].parent),
+            "--episodes-per-game",
+            "2",
+            "--seed",
+            "3",
+            "--max-steps",
+            "5",
+            "--sample",
+            "--json",
+            str(out),
+            "--params",
+            str(params),
+        ],
+    )
     assert result.exit_code == 0, result.output + repr(result.exception)
     report = json.loads(out.read_text())
-    assert set(report) == {"policy", "games", "seed", "episodes_per_game", "max_steps", "greedy", "episodes",
-                           "wins", "success_rate", "ci95", "mean_return", "mean_steps", "real_transitions"}
-    assert (report["policy"], report["games"], report["seed"], report["episodes"], report["greedy"]) == \
-        (str(policy_dir), len(test_games), 3, 2 * len(test_games), False)
+    assert set(report) == {
+        "policy",
+        "games",
+        "seed",
+        "episodes_per_game",
+        "max_steps",
+        "greedy",
+        "episodes",
+        "wins",
+        "success_rate",
+        "ci95",
+        "mean_return",
+        "mean_steps",
+        "real_transitions",
+    }
+    assert (report["policy"], report["games"], report["seed"], report["episodes"], report["greedy"]) == (
+        str(policy_dir),
+        len(test_games),
+        3,
+        2 * len(test_games),
+        False,
+    )
     assert len(report["ci95"]) == 2 and 0 <= report["ci95"][0] <= report["success_rate"] <= report["ci95"][1] <= 1
     rows = list(csv.DictReader(episodes_path(out).open()))
     assert len(rows) == report["episodes"] and sum(int(row["steps"]) for row in rows) == report["real_transitions"]
     assert "success" in result.output and "95% CI" in result.output
 
-    [run] = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`dreamgym.stage` = 'policy-eval'",
-                               output_format="list")
+    [run] = mlflow.search_runs(
+        search_all_experiments=True, filter_string="tags.`dreamgym.stage` = 'policy-eval'", output_format="list"
+    )
     assert run.info.run_name == "policy-eval" and run.data.tags["dreamgym.policy"] == str(policy_dir)
     assert run.data.metrics["eval_success_rate"] == report["success_rate"]
     assert run.data.metrics["eval_real_transitions"] == report["real_transitions"]
@@ -136,13 +196,29 @@ def test_eval_command_writes_report_and_logs_to_mlflow(policy_dir, test_games, m
 
 
 def test_eval_command_bad_input(policy_dir, test_games, tmp_path):
-    from typer.testing import CliRunner  # noqa: PLC0415
+    from typer.testing import CliRunner
 
-    from dreamgym.cli import app  # noqa: PLC0415
+    from dreamgym.cli import app
 
     def invoke(policy: str, games: Path) -> BaseException | None:
-        return CliRunner().invoke(app, ["eval", "--policy", policy, "--games", str(games), "--json",
-                                        str(tmp_path / "x.json"), "--params", str(PARAMS)]).exception
+        return (
+            CliRunner()
+            .invoke(
+                app,
+                [
+                    "eval",
+                    "--policy",
+                    policy,
+                    "--games",
+                    str(games),
+                    "--json",
+                    str(tmp_path / "x.json"),
+                    "--params",
+                    str(PARAMS),
+                ],
+            )
+            .exception
+        )
 
     done = CliRunner().invoke(app, ["eval", "--help"])
     assert done.exit_code == 0 and "--episodes-per-game" in done.output

@@ -14,13 +14,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
 
 import dreamgym.experience.generate as generate_module
-from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
 from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.experience.examples import history_of
-from dreamgym.experience.generate import (STOP, ExperienceBackendError, ExperienceModel, Query,
-                                          RemoteExperienceModel, open_experience_model, sample_seed)
+from dreamgym.experience.generate import (
+    STOP,
+    ExperienceBackendError,
+    ExperienceModel,
+    Query,
+    RemoteExperienceModel,
+    open_experience_model,
+    sample_seed,
+)
 from dreamgym.experience.model import load_experience_model
 from dreamgym.state import parse_state
 
@@ -32,7 +39,7 @@ Answer = Callable[[dict, int], tuple[int, dict]]  # (request body, request numbe
 class _CompletionsHandler(BaseHTTPRequestHandler):
     """POST /v1/completions, answered by the server's `answer`; every request is recorded."""
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append(body)
         if self.path != "/v1/completions":
@@ -68,8 +75,9 @@ def serve(answer: Answer) -> Iterator[ThreadingHTTPServer]:
 
 def remote(server_or_port, **settings) -> RemoteExperienceModel:
     port = server_or_port if isinstance(server_or_port, int) else server_or_port.server_address[1]
-    config = dataclasses.replace(TINY, backend="http", backend_url=f"http://127.0.0.1:{port}/v1/",
-                                 backend_model="tiny", **settings)
+    config = dataclasses.replace(
+        TINY, backend="http", backend_url=f"http://127.0.0.1:{port}/v1/", backend_model="tiny", **settings
+    )
     return RemoteExperienceModel(config)
 
 
@@ -94,16 +102,24 @@ def serve_model(model, tokenizer) -> Answer:
         if sample:
             torch.manual_seed(body["seed"])
         output = model.generate(
-            **inputs, max_new_tokens=max_tokens, do_sample=sample,
-            temperature=body["temperature"] if sample else None, top_p=None, top_k=None,
-            use_cache=True, stop_strings=stop, tokenizer=tokenizer,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            **inputs,
+            max_new_tokens=max_tokens,
+            do_sample=sample,
+            temperature=body["temperature"] if sample else None,
+            top_p=None,
+            top_k=None,
+            use_cache=True,
+            stop_strings=stop,
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         choices = []
-        for index, row in enumerate(output[:, inputs["input_ids"].shape[1]:].tolist()):
+        for index, row in enumerate(output[:, inputs["input_ids"].shape[1] :].tolist()):
             text = tokenizer.decode(row, skip_special_tokens=True)
             hit = next((s for s in stop if s in text), None)
             if hit is not None:
-                choice = {"text": text[:text.index(hit)], "finish_reason": "stop", "stop_reason": hit}
+                choice = {"text": text[: text.index(hit)], "finish_reason": "stop", "stop_reason": hit}
             elif tokenizer.eos_token_id in row:
                 choice = {"text": text, "finish_reason": "stop", "stop_reason": None}
             else:
@@ -130,18 +146,27 @@ def fast_backoff(monkeypatch):
 
 
 def test_predictions_over_http_are_the_local_ones(model_dir, episode_rows):
-    queries = [Query(row["instruction"], parse_state(row["state"]), row["action"],
-                     tuple(history_of(episode_rows, index, TINY.history)), row["trajectory_id"])
-               for index, row in enumerate(episode_rows)]
+    queries = [
+        Query(
+            row["instruction"],
+            parse_state(row["state"]),
+            row["action"],
+            tuple(history_of(episode_rows, index, TINY.history)),
+            row["trajectory_id"],
+        )
+        for index, row in enumerate(episode_rows)
+    ]
     # The server decodes freely (no constrained decoding there): so does the local model compared.
-    local_model = ExperienceModel(*load_experience_model(model_dir),
-                                  dataclasses.replace(TINY, constrain_removals=False))
+    local_model = ExperienceModel(
+        *load_experience_model(model_dir), dataclasses.replace(TINY, constrain_removals=False)
+    )
     local = local_model.predict(queries)
     with serve(serve_model(*load_experience_model(model_dir))) as server:
         over_http = remote(server).predict(queries)
     assert any(p.ok for p in local), [p.error for p in local]  # the comparison sees real states
-    assert [(p.completion, p.text, p.attempts, p.error) for p in over_http] == \
-        [(p.completion, p.text, p.attempts, p.error) for p in local]
+    assert [(p.completion, p.text, p.attempts, p.error) for p in over_http] == [
+        (p.completion, p.text, p.attempts, p.error) for p in local
+    ]
     first = server.requests[0]
     assert first["model"] == "tiny" and first["prompt"] == local_model.prompts(queries)
     assert first["max_tokens"] == TINY.max_new_tokens and first["stop"] == [STOP]
@@ -157,9 +182,10 @@ def test_choices_come_back_in_prompt_order_with_the_stop_string(fast_backoff):
             return 503, {"error": {"message": "busy"}}
         return completions(
             {"index": 2, "text": "cut short", "finish_reason": "length"},
-            {"index": 0, "text": "<done>false", "finish_reason": "stop"},       # plain OpenAI
+            {"index": 0, "text": "<done>false", "finish_reason": "stop"},  # plain OpenAI
             {"index": 1, "text": "ended by EOS", "finish_reason": "stop", "stop_reason": None},  # vLLM
-            {"index": 3, "text": f"<done>true{STOP}", "finish_reason": "stop", "stop_reason": STOP})
+            {"index": 3, "text": f"<done>true{STOP}", "finish_reason": "stop", "stop_reason": STOP},
+        )
 
     with serve(answer) as server:
         texts = remote(server).generate(["a", "b", "c", "d"])
@@ -195,8 +221,9 @@ def test_an_unreachable_server_fails_quickly_and_clearly():
     port = closed.server_address[1]
     closed.server_close()
     started = time.monotonic()
-    with pytest.raises(ExperienceBackendError,
-                       match=rf"127\.0\.0\.1:{port}/v1/completions: request failed .*backend_url"):
+    with pytest.raises(
+        ExperienceBackendError, match=rf"127\.0\.0\.1:{port}/v1/completions: request failed .*backend_url"
+    ):
         remote(port, backend_retries=0).generate(["a"])
     assert time.monotonic() - started < 5
 
@@ -207,8 +234,7 @@ def test_a_slow_server_times_out_after_its_retries(fast_backoff):
         return completions({"index": 0, "text": "too late", "finish_reason": "length"})
 
     with serve(answer) as server:
-        with pytest.raises(ExperienceBackendError,
-                           match=r"no answer within 0\.3s.*backend_timeout.*2 attempts"):
+        with pytest.raises(ExperienceBackendError, match=r"no answer within 0\.3s.*backend_timeout.*2 attempts"):
             remote(server, backend_timeout=0.3, backend_retries=1).generate(["a"])
         assert len(server.requests) == 2
 
@@ -218,8 +244,7 @@ def test_the_http_backend_is_configured_explicitly(tmp_path):
         ExperienceConfig(backend="http")
     with pytest.raises(ValueError, match="backend_model"):
         ExperienceConfig(backend="http", backend_url="http://gpu-box:8000/v1")
-    settings = dataclasses.replace(TINY, backend="http", backend_url="http://gpu-box:8000/v1",
-                                   backend_model="tiny")
+    settings = dataclasses.replace(TINY, backend="http", backend_url="http://gpu-box:8000/v1", backend_model="tiny")
     # No weights here: the served model is used, and no buffer is opened without retrieval.
     with open_experience_model(tmp_path / "not-here", tmp_path, PipelineConfig(experience=settings)) as model:
         assert isinstance(model, RemoteExperienceModel) and model.model is None

@@ -10,6 +10,7 @@ import threading
 from collections import defaultdict
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -18,31 +19,51 @@ from dreamgym.buffer.embeddings import transition_text
 from dreamgym.buffer.store import upsert_transitions
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
-from dreamgym.experience.annotate import (AnnotatorError, OpenAIAnnotator, describe_change,
-                                          make_annotator, stated_outcome)
+from dreamgym.experience.annotate import (
+    AnnotatorError,
+    OpenAIAnnotator,
+    describe_change,
+    make_annotator,
+    stated_outcome,
+)
 from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
-from dreamgym.experience.examples import (build_examples, history_of, neighbours, to_worked,
-                                          traces_examples)
-from dreamgym.experience.format import (FormatError, Worked, acted_object, apply_delta,
-                                        applied, example_changes, example_traces, format_completion,
-                                        format_prompt, parse_completion, referenced_delta, referenced_trace,
-                                        state_delta, task_says)
+from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
+from dreamgym.experience.format import (
+    FormatError,
+    Worked,
+    acted_object,
+    applied,
+    apply_delta,
+    example_changes,
+    example_traces,
+    format_completion,
+    format_prompt,
+    parse_completion,
+    referenced_delta,
+    referenced_trace,
+    state_delta,
+    task_says,
+)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
-STATE = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
-                      ("open fridge", "take knife from table"))
-OPENED = AbstractState("kitchen", ("fridge (open)", "knife (on table)", "milk (in fridge)", "table"),
-                       (), ("close fridge", "take knife from table", "take milk from fridge"))
+STATE = AbstractState(
+    "kitchen", ("fridge (closed)", "knife (on table)", "table"), (), ("open fridge", "take knife from table")
+)
+OPENED = AbstractState(
+    "kitchen",
+    ("fridge (open)", "knife (on table)", "milk (in fridge)", "table"),
+    (),
+    ("close fridge", "take knife from table", "take milk from fridge"),
+)
 GOOD = format_completion("The fridge is now open.", state_delta(STATE, OPENED), 0, False)
 
 
 @pytest.fixture(scope="module")
 def rows(offline_dataset) -> list[dict]:
     """The dataset's transitions, sorted as examples are built: by trajectory, then step."""
-    return sorted(read_transitions(offline_dataset).to_pylist(),
-                  key=lambda row: (row["trajectory_id"], row["step"]))
+    return sorted(read_transitions(offline_dataset).to_pylist(), key=lambda row: (row["trajectory_id"], row["step"]))
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +73,7 @@ def vectors(rows, encoder) -> np.ndarray:
 
 @pytest.fixture
 def filled(buffer_db, offline_dataset, rows, vectors):
-    table = read_transitions(offline_dataset).sort_by([("trajectory_id", "ascending"),
-                                                       ("step", "ascending")])
+    table = read_transitions(offline_dataset).sort_by([("trajectory_id", "ascending"), ("step", "ascending")])
     upsert_transitions(buffer_db, table, embeddings=vectors)
     return buffer_db
 
@@ -64,12 +84,14 @@ def states(row: dict) -> tuple[AbstractState, AbstractState]:
 
 # --- delta and completion round trip -----------------------------------------------------------
 
+
 def test_state_delta_writes_an_edit_that_reads_back():
     assert state_delta(STATE, STATE) == "no change"
     assert apply_delta(STATE, "no change") == STATE
     assert state_delta(STATE, OPENED) == (
         "visible: -fridge; +fridge (open); +milk (in fridge)\n"  # a removal names the item
-        "actions: -open fridge; +close fridge; +take milk from fridge")
+        "actions: -open fridge; +close fridge; +take milk from fridge"
+    )
     assert apply_delta(STATE, state_delta(STATE, OPENED)) == OPENED
     # In the same place a list is edited, even where replacing it would be shorter ...
     carrying = AbstractState("hall", (), ("a long thing", "another long thing"), ())
@@ -85,13 +107,16 @@ def test_state_delta_writes_an_edit_that_reads_back():
 def test_a_removal_by_name_carries_over_to_an_item_in_another_condition():
     """The edit a worked example shows means the same in a state where the item was cut, cooked
     or placed otherwise: what the removal names is the item, not its descriptors."""
-    took = AbstractState("kitchen", ("fridge (closed)", "table"), ("knife",),
-                         ("drop knife", "open fridge", "put knife on table"))
+    took = AbstractState(
+        "kitchen", ("fridge (closed)", "table"), ("knife",), ("drop knife", "open fridge", "put knife on table")
+    )
     change = state_delta(STATE, took)
-    assert change == ("visible: -knife\ninventory: +knife\n"
-                      "actions: -take knife from table; +drop knife; +put knife on table")
-    elsewhere = AbstractState("kitchen", ("fridge (closed)", "knife (on counter)", "table"), (),
-                              ("open fridge", "take knife from table"))
+    assert change == (
+        "visible: -knife\ninventory: +knife\nactions: -take knife from table; +drop knife; +put knife on table"
+    )
+    elsewhere = AbstractState(
+        "kitchen", ("fridge (closed)", "knife (on counter)", "table"), (), ("open fridge", "take knife from table")
+    )
     assert apply_delta(elsewhere, change) == took
     # Two items of one name: the writer names the one it removes in full; a bare name is ambiguous.
     twins = AbstractState("hall", ("coin (gold)", "coin (silver)"))
@@ -108,9 +133,10 @@ def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_
     for example, row in zip(examples, rows):
         state, next_state = states(row)
         said = task_says(row["instruction"], state, row["action"])
-        assert example.prompt.endswith(f"<state>\n{row['state']}\n</state>\n"
-                                       f"<action>{row['action']}</action>\n"
-                                       + ("" if said is None else f"<task_says>{said}</task_says>\n"))
+        assert example.prompt.endswith(
+            f"<state>\n{row['state']}\n</state>\n"
+            f"<action>{row['action']}</action>\n" + ("" if said is None else f"<task_says>{said}</task_says>\n")
+        )
         assert "<examples>" not in example.prompt
         parsed = parse_completion(example.completion, state, reasoning=with_reasoning)
         assert parsed.next_state == next_state
@@ -138,8 +164,7 @@ def test_renamed_copies_keep_the_dynamics_and_rename_every_carried_object(rows):
     assert len(copies) > len(rows)  # nearly every step shows a carried object: two copies each
     for copy in copies:
         row = by_hash[copy.content_hash]
-        shown = names_in(rows[max(0, index[copy.content_hash] - 2):index[copy.content_hash] + 1],
-                         renamable)
+        shown = names_in(rows[max(0, index[copy.content_hash] - 2) : index[copy.content_hash] + 1], renamable)
         assert shown, "a step that shows no carried object has no renamed copies"
         real_state, real_next = states(row)
         state = _prompt_state(copy.prompt)
@@ -161,19 +186,26 @@ def test_renamed_copies_keep_the_dynamics_and_rename_every_carried_object(rows):
 
 def test_renaming_is_simultaneous_and_whole_word_and_states_stay_sorted():
     renamer = Renamer({"red apple": "zu", "apple": "red apple", "knife": "a knife"})
-    assert (renamer.text("take red apple; eat apple; knifes; pineapple; frosted-knife")
-            == "take zu; eat red apple; knifes; pineapple; frosted-knife")
-    state = AbstractState("kitchen", ("apple (on table)", "red apple", "table"), ("knife",),
-                          ("eat apple", "take apple from table"))
+    assert (
+        renamer.text("take red apple; eat apple; knifes; pineapple; frosted-knife")
+        == "take zu; eat red apple; knifes; pineapple; frosted-knife"
+    )
+    state = AbstractState(
+        "kitchen", ("apple (on table)", "red apple", "table"), ("knife",), ("eat apple", "take apple from table")
+    )
     renamed = parse_state(renamer.state(format_state(state)))
-    assert renamed == AbstractState("kitchen", ("red apple (on table)", "table", "zu"),
-                                    ("a knife",), ("eat red apple", "take red apple from table"))
+    assert renamed == AbstractState(
+        "kitchen", ("red apple (on table)", "table", "zu"), ("a knife",), ("eat red apple", "take red apple from table")
+    )
     names = ["red apple", "knife", "cookbook"]
     mapping = invented_names(names, random.Random(7), ["red", "apple"])
     assert mapping == invented_names(names, random.Random(7), ["red", "apple"])
     assert len(set(mapping.values())) == 3 and not set(mapping.values()) & set(names)
-    made_up = [word for name in invented_names([str(n) for n in range(300)], random.Random(1), [])
-               .values() for word in name.split()]
+    made_up = [
+        word
+        for name in invented_names([str(n) for n in range(300)], random.Random(1), []).values()
+        for word in name.split()
+    ]
     assert min(len(word) for word in made_up) >= 4  # never 'on', 'in', 'to': command words
 
 
@@ -184,42 +216,47 @@ def test_history_is_the_previous_steps_of_the_same_trajectory(rows):
     history = history_of(rows, later, 3)
     assert [step.action for step in history] == [rows[later - n]["action"] for n in (3, 2, 1)]
     assert history[-1].location == parse_state(rows[later - 1]["state"]).location
-    prompt = format_prompt("cook", history, parse_state(rows[later]["state"]),
-                           rows[later]["action"], [])
+    prompt = format_prompt("cook", history, parse_state(rows[later]["state"]), rows[later]["action"], [])
     assert f"\n{history[0].location}: {history[0].action} -> {history[0].reward:g}\n" in prompt
 
 
-@pytest.mark.parametrize("delta, problem", [
-    ("", "empty delta"),
-    ("score: +1", "unknown field 'score'"),
-    ("visible: -table\nvisible: +chair", "'visible' is repeated"),
-    ("visible: -milk (in fridge)", "cannot remove 'milk \\(in fridge\\)' from visible: it is not there"),
-    ("visible: -milk", "cannot remove 'milk' from visible: it is not there"),
-    ("visible: -knife (on counter)", "cannot remove 'knife \\(on counter\\)' from visible"),
-    ("visible: +table", "cannot add 'table' to visible: it is already there"),
-    ("location = hall", "location is written 'location: <new location>'"),
-    ("visible +chair", "malformed delta line"),
-    ("visible: chair", "must be '-item' or '\\+item'"),
-    ("visible: -table; +table", "'table' is both removed and added"),
-    ("no change\nvisible: +chair", "'no change' must be the whole delta"),
-    ("visible: +a;b", "the delta gives an invalid state"),
-    ("visible: +chair; +chair", "visible additions repeat an item"),
-    ("visible = table; table", "repeat an item"),
-])
+@pytest.mark.parametrize(
+    "delta, problem",
+    [
+        ("", "empty delta"),
+        ("score: +1", "unknown field 'score'"),
+        ("visible: -table\nvisible: +chair", "'visible' is repeated"),
+        ("visible: -milk (in fridge)", "cannot remove 'milk \\(in fridge\\)' from visible: it is not there"),
+        ("visible: -milk", "cannot remove 'milk' from visible: it is not there"),
+        ("visible: -knife (on counter)", "cannot remove 'knife \\(on counter\\)' from visible"),
+        ("visible: +table", "cannot add 'table' to visible: it is already there"),
+        ("location = hall", "location is written 'location: <new location>'"),
+        ("visible +chair", "malformed delta line"),
+        ("visible: chair", "must be '-item' or '\\+item'"),
+        ("visible: -table; +table", "'table' is both removed and added"),
+        ("no change\nvisible: +chair", "'no change' must be the whole delta"),
+        ("visible: +a;b", "the delta gives an invalid state"),
+        ("visible: +chair; +chair", "visible additions repeat an item"),
+        ("visible = table; table", "repeat an item"),
+    ],
+)
 def test_apply_delta_names_what_is_wrong(delta, problem):
     with pytest.raises(FormatError, match=problem):
         apply_delta(STATE, delta)
 
 
-@pytest.mark.parametrize("delta, meaning", [
-    ("actions: +look\nvisible: -table", "visible: -table\nactions: +look"),
-    ("location: kitchen", "no change"),
-    ("visible: +chair; -table", "visible: -table; +chair"),
-    ("visible: +zebra; +apple", "visible: +apple; +zebra"),
-    ("visible = table; fridge (closed)", "visible: -knife (on table)"),
-    ("visible: -knife", "visible: -knife (on table)"),
-    ("visible = fridge (closed); knife (on table); table", "no change"),
-])
+@pytest.mark.parametrize(
+    "delta, meaning",
+    [
+        ("actions: +look\nvisible: -table", "visible: -table\nactions: +look"),
+        ("location: kitchen", "no change"),
+        ("visible: +chair; -table", "visible: -table; +chair"),
+        ("visible: +zebra; +apple", "visible: +apple; +zebra"),
+        ("visible = table; fridge (closed)", "visible: -knife (on table)"),
+        ("visible: -knife", "visible: -knife (on table)"),
+        ("visible = fridge (closed); knife (on table); table", "no change"),
+    ],
+)
 def test_apply_delta_reads_lists_as_sets_whatever_their_order(delta, meaning):
     """Order is presentation: another order, or restating a current value, means the same."""
     assert apply_delta(STATE, delta) == apply_delta(STATE, meaning)
@@ -229,27 +266,35 @@ def _without_reasoning(text: str) -> str:
     return text.split("</reasoning>\n", 1)[1]
 
 
-@pytest.mark.parametrize("text, reasoning, problem", [
-    (GOOD.replace("<reward>0</reward>\n", ""), True, "missing <reward> section"),
-    (_without_reasoning(GOOD), True, "missing <reasoning> section"),
-    (GOOD, False, "unexpected <reasoning> section"),
-    (GOOD.replace("<done>", "<reward>1</reward>\n<done>"), True, "duplicated <reward> section"),
-    (GOOD.replace("<reward>0</reward>\n<done>false</done>", "<done>false</done>\n<reward>0</reward>"),
-     True, "sections out of order"),
-    (GOOD.replace("</reward>", ""), True, "<reward> is not closed"),
-    (GOOD.replace("</next_state>\n<reward>0</reward>", "<reward>0</reward>\n</next_state>"), True,
-     "sections overlap"),
-    (GOOD.replace("<reward>0<", "<reward>zero<"), True, "unparsable reward 'zero'"),
-    (GOOD.replace("<reward>0<", "<reward>nan<"), True, "unparsable reward 'nan'"),
-    (GOOD.replace("<reward>0<", "<reward>1e999<"), True, "reward '1e999' is not a finite number"),
-    (GOOD.replace("<done>false<", "<done>False<"), True, "done must be exactly 'true' or 'false'"),
-    (GOOD + "\n<|endoftext|>", True, "trailing text after </done>"),
-    (GOOD.replace("\n<reward>", "\nso:\n<reward>"), True,
-     "unexpected text between </next_state> and <reward>"),
-    ("Sure!\n" + GOOD, True, "unexpected text before <reasoning>"),
-    (GOOD.replace("The fridge is now open.", " "), True, "empty <reasoning> section"),
-    (GOOD.replace("-fridge;", "-fridges;"), True, "cannot remove 'fridges' from visible"),
-])
+@pytest.mark.parametrize(
+    "text, reasoning, problem",
+    [
+        (GOOD.replace("<reward>0</reward>\n", ""), True, "missing <reward> section"),
+        (_without_reasoning(GOOD), True, "missing <reasoning> section"),
+        (GOOD, False, "unexpected <reasoning> section"),
+        (GOOD.replace("<done>", "<reward>1</reward>\n<done>"), True, "duplicated <reward> section"),
+        (
+            GOOD.replace("<reward>0</reward>\n<done>false</done>", "<done>false</done>\n<reward>0</reward>"),
+            True,
+            "sections out of order",
+        ),
+        (GOOD.replace("</reward>", ""), True, "<reward> is not closed"),
+        (
+            GOOD.replace("</next_state>\n<reward>0</reward>", "<reward>0</reward>\n</next_state>"),
+            True,
+            "sections overlap",
+        ),
+        (GOOD.replace("<reward>0<", "<reward>zero<"), True, "unparsable reward 'zero'"),
+        (GOOD.replace("<reward>0<", "<reward>nan<"), True, "unparsable reward 'nan'"),
+        (GOOD.replace("<reward>0<", "<reward>1e999<"), True, "reward '1e999' is not a finite number"),
+        (GOOD.replace("<done>false<", "<done>False<"), True, "done must be exactly 'true' or 'false'"),
+        (GOOD + "\n<|endoftext|>", True, "trailing text after </done>"),
+        (GOOD.replace("\n<reward>", "\nso:\n<reward>"), True, "unexpected text between </next_state> and <reward>"),
+        ("Sure!\n" + GOOD, True, "unexpected text before <reasoning>"),
+        (GOOD.replace("The fridge is now open.", " "), True, "empty <reasoning> section"),
+        (GOOD.replace("-fridge;", "-fridges;"), True, "cannot remove 'fridges' from visible"),
+    ],
+)
 def test_parse_completion_names_what_is_wrong(text, reasoning, problem):
     with pytest.raises(FormatError, match=problem):
         parse_completion(text, STATE, reasoning=reasoning)
@@ -266,10 +311,13 @@ def test_surrounding_whitespace_is_tolerated_and_what_would_not_read_back_is_ref
 
 
 def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
-    took = AbstractState("kitchen", ("fridge (closed)", "table"), ("knife",),
-                         ("drop knife", "open fridge", "put knife on table"))
-    worked = [Worked("hall", "take knife from table", state_delta(STATE, took), 0, False),
-              Worked("kitchen", "open fridge", state_delta(STATE, OPENED), 0, False)]
+    took = AbstractState(
+        "kitchen", ("fridge (closed)", "table"), ("knife",), ("drop knife", "open fridge", "put knife on table")
+    )
+    worked = [
+        Worked("hall", "take knife from table", state_delta(STATE, took), 0, False),
+        Worked("kitchen", "open fridge", state_delta(STATE, OPENED), 0, False),
+    ]
     worked[1] = replace(worked[1], task_says="of fridge: Open the fridge")
     prompt = format_prompt("Cook.", [], STATE, "open fridge", worked)
     assert "action: open fridge\ntask says: of fridge: Open the fridge\nchanges:\n" in prompt
@@ -286,22 +334,31 @@ def test_a_completion_can_name_the_worked_example_whose_change_is_the_answer():
     pointing = format_completion("The fridge is now open.", "same as example 2", 0, False)
     assert parse_completion(pointing, STATE, True, changes).next_state == OPENED
     assert parse_completion(GOOD, STATE, True, changes).next_state == OPENED  # written out: the same
-    with pytest.raises(FormatError, match="names an example the prompt does not have .it shows "
-                                          "examples 1 to 2"):
+    with pytest.raises(FormatError, match=r"names an example the prompt does not have .it shows examples 1 to 2"):
         parse_completion(pointing.replace("example 2", "example 3"), STATE, True, changes)
     with pytest.raises(FormatError, match="it shows no worked examples"):
         parse_completion(pointing, STATE, True)
     # An example's change that does not fit the state is refused, saying which example it was.
     # (Here the fridge it names is the open one, which the change both removes and adds.)
-    with pytest.raises(FormatError, match="'same as example 2' does not fit this state: visible: "
-                                          "'fridge .open.' is both removed and added"):
+    with pytest.raises(
+        FormatError,
+        match=r"'same as example 2' does not fit this state: visible: 'fridge .open.' is both removed and added",
+    ):
         parse_completion(pointing, OPENED, True, changes)
 
 
 def test_a_reasoning_can_name_the_worked_example_whose_trace_it_is():
     opened = "Effects: fridge is now open. The score does not change."
-    worked = [Worked("kitchen", "open fridge", state_delta(STATE, OPENED), 0, False,
-                     reasoning="Effects: fridge is now open.\n  The score does not change.")]
+    worked = [
+        Worked(
+            "kitchen",
+            "open fridge",
+            state_delta(STATE, OPENED),
+            0,
+            False,
+            reasoning="Effects: fridge is now open.\n  The score does not change.",
+        )
+    ]
     prompt = format_prompt("Cook.", [], STATE, "open fridge", [*worked, replace(worked[0], reasoning=None)])
     traces = example_traces(prompt)
     assert traces == [opened, None]  # read back from the prompt, as shown: on one line
@@ -312,31 +369,45 @@ def test_a_reasoning_can_name_the_worked_example_whose_trace_it_is():
     parsed = parse_completion(naming, STATE, True, example_changes(prompt), traces)
     assert parsed.reasoning == opened and parsed.next_state == OPENED
     with pytest.raises(FormatError, match="'same as example 2' names example 2, which shows no reasoning"):
-        parse_completion(naming.replace("<reasoning>same as example 1", "<reasoning>same as example 2"),
-                         STATE, True, example_changes(prompt), traces)
+        parse_completion(
+            naming.replace("<reasoning>same as example 1", "<reasoning>same as example 2"),
+            STATE,
+            True,
+            example_changes(prompt),
+            traces,
+        )
     with pytest.raises(FormatError, match="it shows no worked examples"):
         parse_completion(naming, STATE, True)
 
 
 # --- SFT examples with retrieval ---------------------------------------------------------------
 
+
 def test_a_worked_example_shows_its_trace_and_its_changes_still_read_back():
     """With state-diff reasoning a worked example shows the trace the model would write for it,
     computed from its own states and task; `same as example i` still reads its changes back."""
     task = "Recipe: ingredients: milk. directions: prepare meal."
-    transition = {"state": format_state(STATE), "next_state": format_state(OPENED), "action": "open fridge",
-                  "reward": 0.0, "terminated": False, "won": False, "instruction": task}
+    transition = {
+        "state": format_state(STATE),
+        "next_state": format_state(OPENED),
+        "action": "open fridge",
+        "reward": 0.0,
+        "terminated": False,
+        "won": False,
+        "instruction": task,
+    }
     worked = to_worked(transition, traced=True)
     assert worked.reasoning == describe_change(STATE, "open fridge", OPENED, 0, False, False, task=task)
     assert to_worked(transition).reasoning is None
     prompt = format_prompt("Cook.", [], STATE, "open fridge", [worked])
-    assert (f"task says: nothing of fridge\nreasoning: {worked.reasoning}\nchanges:\n{worked.delta}\n"
-            "reward: 0 done: false\n</example>") in prompt
+    assert (
+        f"task says: nothing of fridge\nreasoning: {worked.reasoning}\nchanges:\n{worked.delta}\n"
+        "reward: 0 done: false\n</example>"
+    ) in prompt
     assert example_changes(prompt) == [worked.delta]
     assert traces_examples(ExperienceConfig())
     assert not traces_examples(ExperienceConfig(reasoning=False))
-    assert not traces_examples(ExperienceConfig(annotator="openai", annotator_url="http://x/v1",
-                                                annotator_model="m"))
+    assert not traces_examples(ExperienceConfig(annotator="openai", annotator_url="http://x/v1", annotator_model="m"))
 
 
 def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
@@ -347,10 +418,8 @@ def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, row
     for example in examples:
         assert len(example.neighbour_hashes) == config.neighbours
         assert example.trajectory_id not in example.neighbour_trajectory_ids
-        assert all(by_hash[h]["trajectory_id"] != example.trajectory_id
-                   for h in example.neighbour_hashes)
-        shown = [line.removeprefix("action: ") for line in example.prompt.split("\n")
-                 if line.startswith("action: ")]
+        assert all(by_hash[h]["trajectory_id"] != example.trajectory_id for h in example.neighbour_hashes)
+        shown = [line.removeprefix("action: ") for line in example.prompt.split("\n") if line.startswith("action: ")]
         real = [by_hash[h]["action"] for h in example.neighbour_hashes]
         if example.renaming:  # a renamed copy shows the same neighbours, renamed alike
             assert [a.split()[0] for a in shown] == [r.split()[0] for r in real]
@@ -362,8 +431,7 @@ def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, row
 def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(filled, encoder, rows):
     config = ExperienceConfig(placeholders=False, neighbours=2)
     examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
-    plain = build_examples(filled, encoder, rows, replace(config, copy_examples=False),
-                           ef_search=100, batch=64)
+    plain = build_examples(filled, encoder, rows, replace(config, copy_examples=False), ef_search=100, batch=64)
     pointing = tracing = 0
     for example, written, row in zip(examples, plain, rows, strict=True):
         assert example.prompt == written.prompt
@@ -371,8 +439,7 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
         changes, traces = example_changes(example.prompt), example_traces(example.prompt)
         assert len(changes) == len(traces) == 2
         # An example is named when its change, applied here, gives the next state (its text may differ).
-        giving = [number for number, change in enumerate(changes, start=1)
-                  if applied(state, change) == next_state]
+        giving = [number for number, change in enumerate(changes, start=1) if applied(state, change) == next_state]
         if state != next_state and giving:
             pointing += 1
             assert f"<next_state>\nsame as example {giving[0]}\n" in example.completion
@@ -396,8 +463,7 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
     trajectories = defaultdict(set)
     for row in rows:
         trajectories[row["task_id"], row["state"], row["action"]].add(row["trajectory_id"])
-    repeated = [row for row in rows
-                if len(trajectories[row["task_id"], row["state"], row["action"]]) > 1]
+    repeated = [row for row in rows if len(trajectories[row["task_id"], row["state"], row["action"]]) > 1]
     assert len(repeated) > 20, "the dataset should repeat steps across episodes of a game"
     # Queries as a rollout makes them: the state as an AbstractState, not as text.
     queries = [{**row, "state": parse_state(row["state"])} for row in repeated]
@@ -408,10 +474,13 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
     for row, worked in zip(repeated, found):
         state, next_state = states(row)
         # Another episode's identical step (TextWorld is deterministic: the same outcome too).
-        assert any(w.action == row["action"] and w.location == state.location
-                   and w.delta == state_delta(state, next_state)
-                   and w.task_says == task_says(row["instruction"], state, row["action"])
-                   for w in worked), row["action"]
+        assert any(
+            w.action == row["action"]
+            and w.location == state.location
+            and w.delta == state_delta(state, next_state)
+            and w.task_says == task_says(row["instruction"], state, row["action"])
+            for w in worked
+        ), row["action"]
     assert neighbours(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
 
 
@@ -440,10 +509,17 @@ def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled,
         assert len(hits) == 3 and all(hit["trajectory_id"] != row["trajectory_id"] for hit in hits)
         # A step seen in another episode (or the same situation elsewhere) comes first.
         own = situation(query["state"], row["action"], kept, row["instruction"])
-        same = [t for t in pool
-                if closest_possible(closeness(own, stored_situation(t["state"], t["action"], kept,
-                                                                    t["instruction"]),
-                                              stored_change(t["state"], t["next_state"], t["action"], kept)))]
+        same = [
+            t
+            for t in pool
+            if closest_possible(
+                closeness(
+                    own,
+                    stored_situation(t["state"], t["action"], kept, t["instruction"]),
+                    stored_change(t["state"], t["next_state"], t["action"], kept),
+                )
+            )
+        ]
         if same:
             firsts += 1
             assert answer(hits[0]) in {answer(t) for t in same}
@@ -452,10 +528,10 @@ def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled,
 
 # --- reasoning traces --------------------------------------------------------------------------
 
+
 def _trace(row: dict) -> str:
     state, next_state = states(row)
-    return describe_change(state, row["action"], next_state, row["reward"], row["terminated"],
-                           row["won"])
+    return describe_change(state, row["action"], next_state, row["reward"], row["terminated"], row["won"])
 
 
 def test_traces_say_what_moved_where_the_player_went_and_why_the_score_changed(rows):
@@ -496,8 +572,9 @@ def test_the_prompt_quotes_what_the_task_says_of_the_object_acted_on(rows):
         state = parse_state(row["state"])
         said = task_says(row["instruction"], state, row["action"])
         prompt = format_prompt(row["instruction"], [], state, row["action"], [])
-        assert prompt.endswith(f"<action>{row['action']}</action>\n"
-                               + ("" if said is None else f"<task_says>{said}</task_says>\n"))
+        assert prompt.endswith(
+            f"<action>{row['action']}</action>\n" + ("" if said is None else f"<task_says>{said}</task_says>\n")
+        )
         taken = re.fullmatch(r"take (.+?)(?: from .+)?", row["action"])
         if taken is None or taken[1] in ("knife", "cookbook", "meal"):
             continue
@@ -513,11 +590,15 @@ def test_the_prompt_quotes_what_the_task_says_of_the_object_acted_on(rows):
     # The longest name at the first place the action names one; nothing for an action on no item.
     pepper = AbstractState("kitchen", ("pepper", "red pepper (on table)", "table"), (), ())
     assert acted_object(pepper, "take red pepper from table") == "red pepper"
-    assert task_says("Slice the red pepper. Eat.", pepper, "take red pepper from table") \
+    assert (
+        task_says("Slice the red pepper. Eat.", pepper, "take red pepper from table")
         == "of red pepper: Slice the red pepper"
+    )
     assert task_says("Look around.", STATE, "look") is None
-    assert task_says("Slice the red\n  pepper. Eat.", pepper, "take red pepper from table") \
-        == "of red pepper: Slice the red pepper"  # one line, as a worked example shows it
+    assert (
+        task_says("Slice the red\n  pepper. Eat.", pepper, "take red pepper from table")
+        == "of red pepper: Slice the red pepper"
+    )  # one line, as a worked example shows it
 
 
 def test_a_trace_states_the_reward_and_end_it_was_written_for(rows):
@@ -527,8 +608,7 @@ def test_a_trace_states_the_reward_and_end_it_was_written_for(rows):
         assert stated_outcome(_trace(row)) == (row["reward"], row["terminated"])
     for reward in (-1, 0.5, 0.1 + 0.2):
         for done, won in ((False, None), (True, None), (True, False)):
-            assert stated_outcome(describe_change(STATE, "open fridge", OPENED, reward, done, won)) \
-                == (reward, done)
+            assert stated_outcome(describe_change(STATE, "open fridge", OPENED, reward, done, won)) == (reward, done)
     # Traces in other words, or with a garbled number, state nothing.
     assert stated_outcome("The fridge opens, revealing milk. Nothing is scored.") is None
     assert stated_outcome("The score rises by 1.2.3: the action advances the task.") is None
@@ -538,25 +618,30 @@ def test_a_trace_names_what_an_opened_container_reveals_and_changed_states():
     trace = describe_change(STATE, "open fridge", OPENED, 0, False)
     assert trace == "Effects: fridge is now open; now visible: milk. The score does not change."
     sliced = AbstractState("kitchen", ("table",), ("carrot (sliced)", "knife"), ())
-    trace = describe_change(AbstractState("kitchen", ("table",), ("carrot", "knife"), ()),
-                            "slice carrot with knife", sliced, 1, True)
-    assert trace == ("Effects: carrot is now sliced. The score rises by 1: the action advances the task. "
-                     "The episode ends.")
+    trace = describe_change(
+        AbstractState("kitchen", ("table",), ("carrot", "knife"), ()), "slice carrot with knife", sliced, 1, True
+    )
+    assert trace == (
+        "Effects: carrot is now sliced. The score rises by 1: the action advances the task. The episode ends."
+    )
 
 
 # --- the OpenAI-compatible annotator against a real HTTP server ----------------------------------
 
+
 class _ChatHandler(BaseHTTPRequestHandler):
     """Answers /<case>/chat/completions like an OpenAI-compatible server would for that case."""
 
-    replies = {
-        "/ok/chat/completions": (200, {"choices": [{"message": {
-            "role": "assistant", "content": "  The fridge opens,\n revealing milk. "}}]}),
+    replies: ClassVar[dict[str, tuple[int, dict]]] = {
+        "/ok/chat/completions": (
+            200,
+            {"choices": [{"message": {"role": "assistant", "content": "  The fridge opens,\n revealing milk. "}}]},
+        ),
         "/empty/chat/completions": (200, {"choices": [{"message": {"role": "assistant", "content": ""}}]}),
         "/broken/chat/completions": (500, {"error": {"message": "model crashed"}}),
     }
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server interface
+    def do_POST(self) -> None:
         length = int(self.headers["Content-Length"])
         self.server.requests.append((self.path, json.loads(self.rfile.read(length))))
         status, reply = self.replies.get(self.path, (404, {"error": "no such route"}))
@@ -585,8 +670,10 @@ def chat_server():
 def test_openai_annotator_asks_the_endpoint_and_reports_failures(chat_server):
     base = f"http://127.0.0.1:{chat_server.server_address[1]}"
     annotator = OpenAIAnnotator(f"{base}/ok/", "strong-model", timeout=5)
-    assert annotator(STATE, "open fridge", OPENED, 0.0, False, task="Cook the milk.") \
+    assert (
+        annotator(STATE, "open fridge", OPENED, 0.0, False, task="Cook the milk.")
         == "The fridge opens, revealing milk."
+    )
     path, body = chat_server.requests[-1]
     assert path == "/ok/chat/completions" and body["model"] == "strong-model"
     assert "Task: Cook the milk.\n" in body["messages"][-1]["content"]
@@ -596,15 +683,16 @@ def test_openai_annotator_asks_the_endpoint_and_reports_failures(chat_server):
     closed = ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
     nobody = f"http://127.0.0.1:{closed.server_address[1]}"
     closed.server_close()
-    for url, problem in ((f"{base}/broken", "HTTP 500: .*model crashed"),
-                         (f"{base}/empty", "empty answer"),
-                         (nobody, "request failed")):
+    for url, problem in (
+        (f"{base}/broken", "HTTP 500: .*model crashed"),
+        (f"{base}/empty", "empty answer"),
+        (nobody, "request failed"),
+    ):
         with pytest.raises(AnnotatorError, match=problem):
             OpenAIAnnotator(url, "strong-model", timeout=5)(STATE, "open fridge", OPENED, 0, False)
 
 
 def test_make_annotator_follows_the_config():
     assert make_annotator(ExperienceConfig()) is describe_change
-    remote = make_annotator(ExperienceConfig(annotator="openai", annotator_url="http://h:8000/v1",
-                                             annotator_model="m"))
+    remote = make_annotator(ExperienceConfig(annotator="openai", annotator_url="http://h:8000/v1", annotator_model="m"))
     assert isinstance(remote, OpenAIAnnotator) and remote.url == "http://h:8000/v1/chat/completions"

@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY_EXPERIENCE as TINY
+
 from dreamgym.experience.examples import history_of
-from dreamgym.experience.format import FORMAT_VERSION, Step
 from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
-from dreamgym.experience.generate import (SETTINGS_FILE, ExperienceFormatError, ExperienceModel, Query,
-                                          trained_settings)
+from dreamgym.experience.format import FORMAT_VERSION, Step
+from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, Query, trained_settings
 from dreamgym.experience.model import load_experience_model
 from dreamgym.state import AbstractState, item_name, parse_state
 
@@ -22,8 +21,10 @@ from dreamgym.state import AbstractState, item_name, parse_state
 def test_a_model_trained_on_another_prompt_format_is_refused(tmp_path):
     saved = dataclasses.asdict(TINY) | {"kept_names": None}  # as settings were saved before format 3
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(saved))
-    with pytest.raises(ExperienceFormatError, match="trained on prompt format 2, and this dreamgym "
-                                                    f"writes format {FORMAT_VERSION}.*dreamgym run"):
+    with pytest.raises(
+        ExperienceFormatError,
+        match=f"trained on prompt format 2, and this dreamgym writes format {FORMAT_VERSION}.*dreamgym run",
+    ):
         trained_settings(tmp_path, TINY)
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(saved | {"format": FORMAT_VERSION}))
     assert trained_settings(tmp_path, TINY) == TINY
@@ -45,16 +46,24 @@ def test_set_and_field_f1():
 
 
 def test_a_transition_is_foreseeable_when_the_prompt_names_everything_in_its_next_state():
-    kitchen = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), (),
-                            ("go east", "open fridge", "take knife from table"))
+    kitchen = AbstractState(
+        "kitchen",
+        ("fridge (closed)", "knife (on table)", "table"),
+        (),
+        ("go east", "open fridge", "take knife from table"),
+    )
     query = lambda action, history=(): Query("Cook the red apple.", kitchen, action, history)  # noqa: E731
     taken = AbstractState("kitchen", ("fridge (closed)", "table"), ("knife",), ("drop knife", "go east"))
     assert foreseeable(query("take knife from table"), taken)
     # Opening the fridge shows an apple: named in the instruction, so it could be known.
-    assert foreseeable(query("open fridge"), AbstractState("kitchen", ("fridge (open)", "red apple (in fridge)",
-                                                                      "knife (on table)", "table"), (), ()))
+    assert foreseeable(
+        query("open fridge"),
+        AbstractState("kitchen", ("fridge (open)", "red apple (in fridge)", "knife (on table)", "table"), (), ()),
+    )
     # ... but not a carrot, nor a room never seen before ...
-    assert not foreseeable(query("open fridge"), AbstractState("kitchen", ("fridge (open)", "carrot (in fridge)"), (), ()))
+    assert not foreseeable(
+        query("open fridge"), AbstractState("kitchen", ("fridge (open)", "carrot (in fridge)"), (), ())
+    )
     pantry = AbstractState("pantry", ("shelf",), (), ("go west",))
     assert not foreseeable(query("go east"), pantry)
     # ... unless the history went there: its name is in the prompt (its contents still are not).
@@ -64,9 +73,16 @@ def test_a_transition_is_foreseeable_when_the_prompt_names_everything_in_its_nex
 
 def _queries(rows: list[dict]) -> list[Query]:
     """Queries as the examples were built: real state, action and history."""
-    return [Query(row["instruction"], parse_state(row["state"]), row["action"],
-                  tuple(history_of(rows, index, TINY.history)), row["trajectory_id"])
-            for index, row in enumerate(rows)]
+    return [
+        Query(
+            row["instruction"],
+            parse_state(row["state"]),
+            row["action"],
+            tuple(history_of(rows, index, TINY.history)),
+            row["trajectory_id"],
+        )
+        for index, row in enumerate(rows)
+    ]
 
 
 def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, first_episode):
@@ -75,7 +91,7 @@ def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, firs
     batch = first_episode[:8]
     predictions = experience.predict(_queries(batch))
     assert len(predictions) == len(batch)
-    for prediction, row in zip(predictions, batch):
+    for prediction in predictions:
         if prediction.ok:
             assert isinstance(prediction.completion.next_state, AbstractState)
             assert prediction.error is None and 1 <= prediction.attempts <= TINY.retries + 1
@@ -115,7 +131,8 @@ def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
     assert summary["foreseeable_fraction"] == pytest.approx(len(foreseen) / len(first_episode))
     if foreseen:
         assert summary["foreseeable"]["next_state_exact_match"] == pytest.approx(
-            sum(r["exact_match"] for r in foreseen) / len(foreseen))
+            sum(r["exact_match"] for r in foreseen) / len(foreseen)
+        )
     assert [entry["step"] for entry in summary["multi_step"]] == [1, 2, 3]
     assert summary["multi_step"][0]["episodes"] == 1
     # Memorised transitions are mostly predicted exactly: the measurement sees a working model.
@@ -148,11 +165,14 @@ def test_additions_and_replacements_cannot_repeat_an_item(tiny_experience):
 def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
     from dreamgym.experience.constrain import DeltaConstraint, allowed_removals
 
-    state = AbstractState("kitchen", ("fridge (closed)", "knife (on table)", "table"), ("carrot",),
-                          ("eat carrot", "open fridge"))
+    state = AbstractState(
+        "kitchen", ("fridge (closed)", "knife (on table)", "table"), ("carrot",), ("eat carrot", "open fridge")
+    )
     # Only what the field holds and the line has not removed yet, by name as removals are written.
     assert allowed_removals(state, "<next_state>\nvisible: -fridge; -kn") == (
-        "kn", ["knife; ", "table; ", "knife\n", "table\n"])
+        "kn",
+        ["knife; ", "table; ", "knife\n", "table\n"],
+    )
     assert allowed_removals(state, "<next_state>\nvisible: +kn") is None  # additions are free
     assert allowed_removals(state, "<next_state>\nvisible: -a\n</next_state>\n<reward>") is None
     _, tokenizer = load_experience_model(tiny_experience.model_dir)
@@ -165,9 +185,9 @@ def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
             scores = torch.randn(1, len(tokenizer))
             constrained = DeltaConstraint(tokenizer, [state], prompt_length=0)(ids, scores)
             text += tokenizer.decode([int(constrained.argmax())])
-            if "; " in text[len(written):] or "\n" in text[len(written):]:
+            if "; " in text[len(written) :] or "\n" in text[len(written) :]:
                 break  # the entry is complete (a token may run on past its end)
-        entry = text[len(written):].split("; ")[0].split("\n")[0]
+        entry = text[len(written) :].split("; ")[0].split("\n")[0]
         removed = entry if written.endswith("-") else "k" + entry
         field = state.inventory if "inventory" in written else state.visible
         assert removed in {item_name(item) for item in field}, text
@@ -188,7 +208,7 @@ def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_exper
         each token that continues it scores higher the more of it it spells."""
         text = "<next_state>\n"
         for _ in range(len(wanted)):
-            written = text[len("<next_state>\n"):]
+            written = text[len("<next_state>\n") :]
             scores = torch.randn(1, len(tokenizer)) * 0.1
             scores[0, tokenizer.all_special_ids] = float("-inf")  # it does not stop mid-line
             for token, piece in enumerate(pieces):
@@ -197,9 +217,9 @@ def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_exper
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
             constrained = DeltaConstraint(tokenizer, [state], 0, [examples])(ids, scores)
             text += tokenizer.decode([int(constrained.argmax())])
-            if "\n" in text[len("<next_state>\n"):]:
+            if "\n" in text[len("<next_state>\n") :]:
                 break
-        return text[len("<next_state>\n"):].split("\n")[0]
+        return text[len("<next_state>\n") :].split("\n")[0]
 
     torch.manual_seed(0)
     # Unconstrained the model would name example 1, which does not fit: it names example 2.
@@ -208,7 +228,7 @@ def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_exper
     assert decoded([drops_apple, takes_knife], "same as example 2\n") == "same as example 2"
     # No example fits: the first line cannot head for a reference at all.
     first_line = decoded([drops_apple], "same as example 1\n")
-    assert first_line and not "same as example ".startswith(first_line[:len("same as example ")]), first_line
+    assert first_line and not "same as example ".startswith(first_line[: len("same as example ")]), first_line
 
 
 def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experience):

@@ -7,15 +7,21 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import TINY_EXPERIENCE
+
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.augment import Renamer
 from dreamgym.experience.examples import build_examples, history_of, load_kept_names, save_examples
 from dreamgym.experience.format import Completion, FormatError, parse_completion
-from dreamgym.experience.generate import (SETTINGS_FILE, ExperienceModel, Query, save_settings,
-                                          trained_kept_names, trained_settings)
+from dreamgym.experience.generate import (
+    SETTINGS_FILE,
+    ExperienceModel,
+    Query,
+    save_settings,
+    trained_kept_names,
+    trained_settings,
+)
 from dreamgym.experience.model import load_experience_model
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.train import train_sft
@@ -30,8 +36,13 @@ def _row(task: str, state: AbstractState, next_state: AbstractState) -> dict:
 
 def test_kept_names_are_the_objects_never_carried_or_in_most_tasks():
     def kitchen(food: str) -> AbstractState:
-        return AbstractState("kitchen", ("fridge (closed)", f"{food} (on table)", "table"), ("knife",),
-                             ("open fridge", f"take {food} from table"))
+        return AbstractState(
+            "kitchen",
+            ("fridge (closed)", f"{food} (on table)", "table"),
+            ("knife",),
+            ("open fridge", f"take {food} from table"),
+        )
+
     rows = [_row(f"game-{food}", kitchen(food), kitchen(food)) for food in ("carrot", "tomato", "carrot", "leek")]
     # Furniture is never carried; the knife is carried in all three tasks; each food can be taken
     # but is in one task only.
@@ -41,20 +52,33 @@ def test_kept_names_are_the_objects_never_carried_or_in_most_tasks():
 def test_placeholders_number_the_action_first_then_carried_then_visible_and_restore_names():
     kept = frozenset({"counter", "knife"})
     # A new piece of furniture (the BBQ) cannot be taken: it keeps its name though not kept.
-    state = AbstractState("kitchen", ("BBQ", "counter", "red apple (on counter)",
-                                      "yellow potato (on counter)"),
-                          ("carrot (sliced)", "knife"),
-                          ("eat carrot", "take red apple from counter", "take yellow potato from counter"))
+    state = AbstractState(
+        "kitchen",
+        ("BBQ", "counter", "red apple (on counter)", "yellow potato (on counter)"),
+        ("carrot (sliced)", "knife"),
+        ("eat carrot", "take red apple from counter", "take yellow potato from counter"),
+    )
     names = Placeholders.of(kept, "take yellow potato from counter", [state])
     assert names.mapping == {"yellow potato": "obj1", "carrot": "obj2", "red apple": "obj3"}
     shown = names.forward.abstract(state)
-    assert shown == AbstractState("kitchen", ("BBQ", "counter", "obj1 (on counter)", "obj3 (on counter)"),
-                                  ("knife", "obj2 (sliced)"),
-                                  ("eat obj2", "take obj1 from counter", "take obj3 from counter"))
+    assert shown == AbstractState(
+        "kitchen",
+        ("BBQ", "counter", "obj1 (on counter)", "obj3 (on counter)"),
+        ("knife", "obj2 (sliced)"),
+        ("eat obj2", "take obj1 from counter", "take obj3 from counter"),
+    )
     assert names.backward.abstract(shown) == state
-    predicted = Completion("obj1 goes into the inventory; obj9 appears.",
-                           AbstractState("kitchen", ("BBQ", "counter", "obj3 (on counter)", "obj9"),
-                                         ("knife", "obj1", "obj2 (sliced)"), ("drop obj1",)), 0.0, False)
+    predicted = Completion(
+        "obj1 goes into the inventory; obj9 appears.",
+        AbstractState(
+            "kitchen",
+            ("BBQ", "counter", "obj3 (on counter)", "obj9"),
+            ("knife", "obj1", "obj2 (sliced)"),
+            ("drop obj1",),
+        ),
+        0.0,
+        False,
+    )
     restored = names.restore(predicted)
     # A name the model wrote from memory beside the placeholder that stands for it would repeat an
     # item once restored: a failed attempt (generated again), never a state with a repeated item.
@@ -63,21 +87,24 @@ def test_placeholders_number_the_action_first_then_carried_then_visible_and_rest
         names.restore(twice)
     # A placeholder the prompt never gave (an imagined object) stays as the model wrote it.
     assert restored.reasoning == "yellow potato goes into the inventory; obj9 appears."
-    assert restored.next_state == AbstractState("kitchen", ("BBQ", "counter", "obj9", "red apple (on counter)"),
-                                                ("carrot (sliced)", "knife", "yellow potato"),
-                                                ("drop yellow potato",))
+    assert restored.next_state == AbstractState(
+        "kitchen",
+        ("BBQ", "counter", "obj9", "red apple (on counter)"),
+        ("carrot (sliced)", "knife", "yellow potato"),
+        ("drop yellow potato",),
+    )
 
 
 @pytest.fixture(scope="module")
 def rows(offline_dataset) -> list[dict]:
-    return sorted(read_transitions(offline_dataset).to_pylist(),
-                  key=lambda row: (row["trajectory_id"], row["step"]))
+    return sorted(read_transitions(offline_dataset).to_pylist(), key=lambda row: (row["trajectory_id"], row["step"]))
 
 
 def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(rows, tmp_path):
     kept = kept_names(rows)
-    game_specific = {name for row in rows for column in ("state", "next_state")
-                     for name in Placeholders.of_row(kept, row).mapping}
+    game_specific = {
+        name for row in rows for column in ("state", "next_state") for name in Placeholders.of_row(kept, row).mapping
+    }
     assert {"knife", "cookbook", "fridge"} <= kept and game_specific, "the games should have foods"
     assert not game_specific & kept
     examples = build_examples(None, None, rows, ExperienceConfig(neighbours=0, history=2), ef_search=40)
@@ -118,32 +145,42 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
 
 
 def _queries(rows: list[dict]) -> list[Query]:
-    return [Query(row["instruction"], parse_state(row["state"]), row["action"],
-                  tuple(history_of(rows, index, TINY.history)), row["trajectory_id"])
-            for index, row in enumerate(rows)]
+    return [
+        Query(
+            row["instruction"],
+            parse_state(row["state"]),
+            row["action"],
+            tuple(history_of(rows, index, TINY.history)),
+            row["trajectory_id"],
+        )
+        for index, row in enumerate(rows)
+    ]
 
 
 def _exact(predictions, rows) -> float:
-    return sum(p.ok and p.completion.next_state == parse_state(row["next_state"])
-               for p, row in zip(predictions, rows)) / len(rows)
+    return sum(
+        p.ok and p.completion.next_state == parse_state(row["next_state"]) for p, row in zip(predictions, rows)
+    ) / len(rows)
 
 
-def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_episode, tiny_experience,
-                                                                 tmp_path):
+def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_episode, tiny_experience, tmp_path):
     kept = kept_names(rows)
     examples = build_examples(None, None, first_episode, TINY, ef_search=40, kept=kept)
-    result = train_sft([{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY,
-                       tmp_path, seed=0, progress=False)
+    result = train_sft(
+        [{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY, tmp_path, seed=0, progress=False
+    )
     with_placeholders = ExperienceModel(*load_experience_model(result.model_dir), TINY, kept_names=kept)
     # The same episode in a game whose foods have names no training game has.
     foods = {name for row in first_episode for name in Placeholders.of_row(kept, row).mapping}
     unseen = Renamer({name: f"zelmor {name}" for name in foods})
     renamed = [unseen.row(row) for row in first_episode]
     queries, renamed_queries = _queries(first_episode), _queries(renamed)
+
     # The model is shown the same states and actions (only a recipe's ingredient that no state
     # shows yet keeps its name, in the task), and writes the steps in the new names.
     def shown(model, queries):
         return [prompt.split("<state>")[1] for prompt in model.prompts(queries)]
+
     assert shown(with_placeholders, renamed_queries) == shown(with_placeholders, queries)
     seen, new = with_placeholders.predict(queries), with_placeholders.predict(renamed_queries)
     assert _exact(new, renamed) >= 0.5 and _exact(seen, first_episode) >= 0.5

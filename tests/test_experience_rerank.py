@@ -13,9 +13,12 @@ KEPT = frozenset({"counter", "fridge", "knife", "table"})
 
 def kitchen(food: str, fridge: str = "closed", knife: bool = False) -> AbstractState:
     carried = ("knife",) if knife else ()
-    return AbstractState("kitchen", (f"fridge ({fridge})", f"{food} (on counter)", "counter"), carried,
-                         ("close fridge" if fridge == "open" else "open fridge",
-                          f"take {food} from counter"))
+    return AbstractState(
+        "kitchen",
+        (f"fridge ({fridge})", f"{food} (on counter)", "counter"),
+        carried,
+        ("close fridge" if fridge == "open" else "open fridge", f"take {food} from counter"),
+    )
 
 
 def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders():
@@ -38,8 +41,8 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
     query = Situation("take obj1 from counter", frozenset({"a", "b", "c", "d"}))
     candidates = [
-        Situation("open fridge", frozenset({"a", "b", "c", "d"})),            # all items, other move
-        Situation("take obj1 from counter", frozenset({"a"})),                 # the move, 1 of 4
+        Situation("open fridge", frozenset({"a", "b", "c", "d"})),  # all items, other move
+        Situation("take obj1 from counter", frozenset({"a"})),  # the move, 1 of 4
         Situation("take obj1 from counter", frozenset({"a", "b", "c", "e"})),  # the move, 3 of 5
         Situation("take obj1 from counter", frozenset({"a", "b", "c", "f"})),  # a tie with the one before
     ]
@@ -51,8 +54,9 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
 
 
 def carrying(food: str, *more: str) -> AbstractState:
-    return AbstractState("kitchen", ("counter", "table"), ("knife", food, *more),
-                         (f"chop {item_name(food)} with knife", "look"))
+    return AbstractState(
+        "kitchen", ("counter", "table"), ("knife", food, *more), (f"chop {item_name(food)} with knife", "look")
+    )
 
 
 def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items():
@@ -61,8 +65,10 @@ def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items
     # `obj1 (fried)`, which the query's state lacks.
     fried = situation(carrying("tomato (fried)", "egg", "flour"), "chop tomato with knife", KEPT)
     roasted = situation(carrying("tomato (roasted)"), "chop tomato with knife", KEPT)
-    changes = ["inventory: -obj1 (fried); +obj1 (chopped, fried)",
-               "inventory: -obj1 (roasted); +obj1 (chopped, roasted)"]
+    changes = [
+        "inventory: -obj1 (fried); +obj1 (chopped, fried)",
+        "inventory: -obj1 (roasted); +obj1 (chopped, roasted)",
+    ]
     assert closeness(query, fried)[-1] > closeness(query, roasted)[-1]
     assert closeness(query, fried, changes[0])[:2] == (True, False)
     assert closeness(query, roasted, changes[1])[:2] == (True, True)
@@ -87,10 +93,15 @@ def test_a_candidate_in_the_same_relation_to_its_task_comes_before_shared_items(
     # slicing a tomato, the one whose recipe said to slice it (it scored) shares more items; the
     # one whose recipe said to dice it (lost, like the query) comes first.
     query = situation(carrying("carrot", "egg"), "slice carrot with knife", KEPT, recipe)
-    sliced = situation(carrying("tomato", "egg"), "slice tomato with knife", KEPT,
-                       "Recipe: ingredients: tomato. directions: slice the tomato.")
-    diced = situation(carrying("tomato"), "slice tomato with knife", KEPT,
-                      "Recipe: ingredients: tomato. directions: dice the tomato.")
+    sliced = situation(
+        carrying("tomato", "egg"),
+        "slice tomato with knife",
+        KEPT,
+        "Recipe: ingredients: tomato. directions: slice the tomato.",
+    )
+    diced = situation(
+        carrying("tomato"), "slice tomato with knife", KEPT, "Recipe: ingredients: tomato. directions: dice the tomato."
+    )
     assert closeness(query, sliced)[-1] > closeness(query, diced)[-1]
     assert closeness(query, diced)[2] and not closeness(query, sliced)[2]
     assert closest(query, [sliced, diced], 2) == [1, 0]
@@ -100,12 +111,20 @@ def test_a_change_whose_actions_need_an_open_fridge_comes_after_one_that_does_no
     """`+insert obj1 into fridge` comes with taking the food only where the fridge is open."""
     query = situation(kitchen("carrot", fridge="closed"), "take carrot from counter", KEPT)
     opened = situation(kitchen("tomato", fridge="open"), "take tomato from counter", KEPT)
-    closed = situation(AbstractState("hall", ("chair", "counter", "fridge (closed)", "lamp", "rug", "sofa",
-                                              "tomato (on counter)"), (),
-                                     ("open fridge", "take tomato from counter")),
-                       "take tomato from counter", KEPT)
-    changes = ["visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +insert obj1 into fridge",
-               "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1"]
+    closed = situation(
+        AbstractState(
+            "hall",
+            ("chair", "counter", "fridge (closed)", "lamp", "rug", "sofa", "tomato (on counter)"),
+            (),
+            ("open fridge", "take tomato from counter"),
+        ),
+        "take tomato from counter",
+        KEPT,
+    )
+    changes = [
+        "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +insert obj1 into fridge",
+        "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1",
+    ]
     assert closeness(query, opened)[-1] > closeness(query, closed)[-1]  # more items in common
     assert closeness(query, opened, changes[0])[:5] == (True, True, True, True, False)
     assert closeness(query, closed, changes[1])[:5] == (True, True, True, True, True)
@@ -118,12 +137,20 @@ def test_of_two_candidates_alike_so_far_the_one_acting_on_the_same_kind_comes_fi
     """A placeholder hides that the query takes a potato (inedible raw); the ranking sees it."""
     query = situation(kitchen("purple potato"), "take purple potato from counter", KEPT)
     tomato = situation(kitchen("red tomato"), "take red tomato from counter", KEPT)
-    potato = situation(AbstractState("hall", ("chair", "counter", "fridge (closed)", "lamp",
-                                              "yellow potato (on counter)"), (),
-                                     ("open fridge", "take yellow potato from counter")),
-                       "take yellow potato from counter", KEPT)
+    potato = situation(
+        AbstractState(
+            "hall",
+            ("chair", "counter", "fridge (closed)", "lamp", "yellow potato (on counter)"),
+            (),
+            ("open fridge", "take yellow potato from counter"),
+        ),
+        "take yellow potato from counter",
+        KEPT,
+    )
     assert query.kinds == potato.kinds == {"potato", "counter"} != tomato.kinds
-    changes = ["visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1",
-               "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter"]
+    changes = [
+        "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1",
+        "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter",
+    ]
     assert closeness(query, tomato)[-1] > closeness(query, potato)[-1]  # more items in common
     assert closest(query, [tomato, potato], 2, changes) == [1, 0]

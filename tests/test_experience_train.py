@@ -34,25 +34,44 @@ from dreamgym.experience.train import (
     train_sft,
 )
 
-TINY = ExperienceConfig(vocab_size=512, hidden_size=64, layers=2, heads=2, max_length=256,
-                        epochs=2, batch_size=8, learning_rate=3e-3, save_steps=10)
+TINY = ExperienceConfig(
+    vocab_size=512,
+    hidden_size=64,
+    layers=2,
+    heads=2,
+    max_length=256,
+    epochs=2,
+    batch_size=8,
+    learning_rate=3e-3,
+    save_steps=10,
+)
 
 
 def _items(state: str) -> dict[str, set[str]]:
     fields = dict(line.split(":", 1) for line in state.splitlines() if ":" in line)
-    return {key: {item.strip() for item in value.split(";") if item.strip()}
-            for key, value in fields.items() if key != "actions"}
+    return {
+        key: {item.strip() for item in value.split(";") if item.strip()}
+        for key, value in fields.items()
+        if key != "actions"
+    }
 
 
 def _example(row: dict) -> dict[str, str]:
     """Prompt: task, state, action. Completion: the reward and what appeared or disappeared."""
     before, after = _items(row["state"]), _items(row["next_state"])
-    delta = [f"{sign} {key}: {item}" for key in sorted(after.keys() | before.keys())
-             for sign, items in (("+", after.get(key, set()) - before.get(key, set())),
-                                 ("-", before.get(key, set()) - after.get(key, set())))
-             for item in sorted(items)]
-    return {"prompt": f"Task: {row['instruction']}\nState:\n{row['state']}\nAction: {row['action']}\n",
-            "completion": "\n".join([f"Reward: {row['reward']:g}", *delta, f"Done: {row['terminated']}"]) + "\n"}
+    delta = [
+        f"{sign} {key}: {item}"
+        for key in sorted(after.keys() | before.keys())
+        for sign, items in (
+            ("+", after.get(key, set()) - before.get(key, set())),
+            ("-", before.get(key, set()) - after.get(key, set())),
+        )
+        for item in sorted(items)
+    ]
+    return {
+        "prompt": f"Task: {row['instruction']}\nState:\n{row['state']}\nAction: {row['action']}\n",
+        "completion": "\n".join([f"Reward: {row['reward']:g}", *delta, f"Done: {row['terminated']}"]) + "\n",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +120,7 @@ def test_truncation_keeps_the_completion_and_the_end_of_the_prompt(split, tokeni
     assert sum(ex["prompt"] != orig["prompt"] for ex, orig in zip(fitted, train)) == truncated
     short = {"prompt": "Action: look\n", "completion": "Reward: 0\n"}
     assert fit_example(short["prompt"], short["completion"], tokenizer, 160) == (short["prompt"], False)
-    with pytest.raises(DreamgymError, match="completion alone is longer than experience.max_length"):
+    with pytest.raises(DreamgymError, match=r"completion alone is longer than experience.max_length"):
         fit_example("Action: look\n", "Reward: 0\n" * 100, tokenizer, 64)
 
 
@@ -114,10 +133,16 @@ def test_trl_trains_on_the_whole_completion_only(split, tokenizer):
     train, _ = split
     fitted, _ = fit_examples(train[:16], tokenizer, 160)
     model = init_model(tokenizer, TINY, seed=0)
-    args = SFTConfig(output_dir="unused", max_length=160, completion_only_loss=True, use_cpu=True,
-                     bf16=False, activation_checkpointing=False, report_to="none")
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(fitted),
-                         processing_class=tokenizer)
+    args = SFTConfig(
+        output_dir="unused",
+        max_length=160,
+        completion_only_loss=True,
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to="none",
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(fitted), processing_class=tokenizer)
     for example, row in zip(fitted, trainer.train_dataset, strict=True):
         labels = [label for label in row["labels"] if label != -100]
         assert tokenizer.decode(labels) == example["completion"] + tokenizer.eos_token
@@ -133,10 +158,13 @@ def trained(split, tmp_path_factory) -> tuple[TrainResult, dict[str, list], Path
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
     try:
         with mlflow.start_run() as run:
-            result = train_sft(train, TINY, root / "run", seed=0, eval_examples=test, progress=False,
-                               log_to_mlflow=True)
-        history = {name: mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, name)
-                   for name in ("train_loss", "eval_loss")}
+            result = train_sft(
+                train, TINY, root / "run", seed=0, eval_examples=test, progress=False, log_to_mlflow=True
+            )
+        history = {
+            name: mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, name)
+            for name in ("train_loss", "eval_loss")
+        }
     finally:
         mlflow.set_tracking_uri(None)
     return result, history, root / "run"
@@ -190,7 +218,7 @@ def test_batched_left_padded_generation_matches_one_by_one(split, trained):
     def generate(texts: list[str]) -> list[str]:
         batch = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)
         output = model.generate(**batch, max_new_tokens=12, do_sample=False)
-        return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
     assert generate(prompts) == [generate([prompt])[0] for prompt in prompts]
 
@@ -240,7 +268,7 @@ def test_a_crashed_run_resumes_from_its_last_checkpoint(split, tmp_path):
 
 
 def test_missing_models_and_mlflow_runs_give_clear_errors(split, tmp_path):
-    with pytest.raises(DreamgymError, match="cannot be loaded from local files.*from_scratch"):
+    with pytest.raises(DreamgymError, match=r"cannot be loaded from local files.*from_scratch"):
         load_pretrained("no-such-org/no-such-model")
     config = dataclasses.replace(TINY, model=str(tmp_path / "missing"))
     with pytest.raises(DreamgymError, match="cannot be loaded from local files"):

@@ -31,8 +31,13 @@ PARAMS = ROOT / "params.yaml"
 
 
 def dreamgym(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dreamgym.cli", *args, "--params", str(PARAMS)],
-                          capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "dreamgym.cli", *args, "--params", str(PARAMS)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
 
 
 def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -62,11 +67,12 @@ def rows(offline_dataset) -> list[dict]:
 
 # --- files ------------------------------------------------------------------------------------
 
+
 def test_a_damaged_data_page_is_one_error_line_for_validate_and_ingest(offline_dataset, tmp_path):
     data = bytearray(offline_dataset.read_bytes())
     footer = int.from_bytes(data[-8:-4], "little") + 8  # the footer (schema) stays readable
     middle = (len(data) - footer) // 2
-    data[middle:middle + 256] = bytes(256)  # zeroes over a compressed data page
+    data[middle : middle + 256] = bytes(256)  # zeroes over a compressed data page
     damaged = tmp_path / "damaged.parquet"
     damaged.write_bytes(bytes(data))
     pq.read_schema(damaged)  # the schema reads: only the data is damaged
@@ -94,13 +100,17 @@ def test_validate_names_a_nan_reward_as_not_finite_not_null(rows, tmp_path):
 
 # --- the buffer's contract --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
 def test_the_buffer_refuses_a_reward_that_is_not_finite_and_stores_nothing(buffer_db, rows, reward):
     bad = [dict(row) for row in rows]
     bad[5]["reward"] = reward
     bad[5]["content_hash"] = content_hash(bad[5])  # a consistent row: only the value is wrong
-    with pytest.raises(ContractError, match=r"1 of 40 rows .* row 5 \(trajectory .*\): reward is .*not a "
-                                            r"finite number.*dreamgym validate"):
+    with pytest.raises(
+        ContractError,
+        match=r"1 of 40 rows .* row 5 \(trajectory .*\): reward is .*not a "
+        r"finite number.*dreamgym validate",
+    ):
         upsert_transitions(buffer_db, to_table(bad), embeddings=vectors(len(bad)))
     assert stored(buffer_db) == 0
 
@@ -142,15 +152,19 @@ def test_ingest_on_the_command_line_refuses_the_rows_and_says_how_to_fix_them(bu
     bad[7]["content_hash"] = content_hash(bad[7])
     write_transitions(to_table(bad), tmp_path / "bad.parquet")
     environment = {**os.environ, "DATABASE_URL": buffer_db.engine.url.render_as_string(hide_password=False)}
-    line = one_line_error(dreamgym("buffer", "ingest", str(tmp_path / "bad.parquet"), env=environment),
-                          "row 7", "step is -7", "dreamgym validate")
+    line = one_line_error(
+        dreamgym("buffer", "ingest", str(tmp_path / "bad.parquet"), env=environment),
+        "row 7",
+        "step is -7",
+        "dreamgym validate",
+    )
     assert bad[7]["state"][:20] not in line  # the reason, not the row
     assert stored(buffer_db) == 0
 
 
 # --- the embedded server ----------------------------------------------------------------------
 
-USER = r'''
+USER = r"""
 import sys, time
 from dreamgym.buffer.db import open_database
 database = open_database(sys.argv[1])
@@ -159,7 +173,7 @@ with database.engine.connect() as connection:
 print("open", flush=True)
 if sys.argv[2] == "hold":
     time.sleep(600)
-'''
+"""
 
 
 def server_pid(run_dir: Path) -> int | None:
@@ -177,8 +191,9 @@ def alive(pid: int) -> bool:
 
 def test_a_user_killed_with_sigkill_no_longer_keeps_the_embedded_server_running(tmp_path):
     environment = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
-    holder = subprocess.Popen([sys.executable, "-c", USER, str(tmp_path), "hold"], stdout=subprocess.PIPE,
-                              text=True, env=environment)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", USER, str(tmp_path), "hold"], stdout=subprocess.PIPE, text=True, env=environment
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
     finally:
@@ -190,8 +205,14 @@ def test_a_user_killed_with_sigkill_no_longer_keeps_the_embedded_server_running(
     assert str(holder.pid) in handles.read_text()
 
     # The next command finds the dead user, drops it, and as the last user stops the server.
-    done = subprocess.run([sys.executable, "-c", USER, str(tmp_path), "exit"], capture_output=True, text=True,
-                          env=environment, timeout=180, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", USER, str(tmp_path), "exit"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=180,
+        check=False,
+    )
     assert done.stdout.strip() == "open", done.stderr
     deadline = time.monotonic() + 30
     while alive(server) and time.monotonic() < deadline:
@@ -208,12 +229,14 @@ def test_an_unreachable_database_url_says_so_not_that_pgvector_is_missing(tmp_pa
 
 # --- options ----------------------------------------------------------------------------------
 
+
 def test_a_seed_past_what_tw_make_takes_is_refused_with_the_bound(tmp_path):
     with pytest.raises(DreamgymError, match=f"use 0 to {MAX_SEED}"):
         plan_games(GamesConfig(), "train", 1, MAX_SEED + 1)
     assert plan_games(GamesConfig(), "train", 1, MAX_SEED)[0].seed < 2**32
-    one_line_error(dreamgym("games", "--seed", str(MAX_SEED + 1), "--count", "1", "--out", str(tmp_path)),
-                   "--seed", str(MAX_SEED))
+    one_line_error(
+        dreamgym("games", "--seed", str(MAX_SEED + 1), "--count", "1", "--out", str(tmp_path)), "--seed", str(MAX_SEED)
+    )
 
 
 def test_eval_on_a_damaged_game_stops_before_opening_a_run(train_games, tmp_path):
@@ -224,55 +247,84 @@ def test_eval_on_a_damaged_game_stops_before_opening_a_run(train_games, tmp_path
     story = project / "games" / "game.z8"
     story.write_bytes(story.read_bytes()[:1000])
     (project / "params.yaml").write_text(PARAMS.read_text())
-    done = subprocess.run([sys.executable, "-m", "dreamgym.cli", "eval", "--policy", "models:/dreamgym-policy@champion",
-                           "--games", str(project / "games"), "--json", str(project / "eval.json"),
-                           "--params", str(project / "params.yaml")],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dreamgym.cli",
+            "eval",
+            "--policy",
+            "models:/dreamgym-policy@champion",
+            "--games",
+            str(project / "games"),
+            "--json",
+            str(project / "eval.json"),
+            "--params",
+            str(project / "params.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     one_line_error(done, "game.z8 is truncated", "regenerate it")
     assert not (project / ".dreamgym").exists()  # no MLflow store, so no FAILED run in it
 
 
 def test_model_references_that_name_nothing_say_what_to_write(mlflow_tracking):
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
-    from dreamgym.registry import model_version  # noqa: PLC0415
+    from dreamgym.registry import model_version
 
     client = mlflow.MlflowClient()
-    with pytest.raises(DreamgymError,
-                       match=r"not a model URI: write models:/NAME/VERSION.*models:/dreamgym-policy@champion"):
+    with pytest.raises(
+        DreamgymError, match=r"not a model URI: write models:/NAME/VERSION.*models:/dreamgym-policy@champion"
+    ):
         model_version(client, "models:dreamgym-policy")
     with pytest.raises(DreamgymError, match="nothing is registered yet: `dreamgym run` registers"):
         model_version(client, "dreamgym-policy")
 
 
 def test_every_numeric_option_has_bounds_that_help_states_and_errors_name():
-    import typer  # noqa: PLC0415
+    import typer
 
-    from dreamgym.cli import app  # noqa: PLC0415
+    from dreamgym.cli import app
 
     def commands(group, path=()):
         for name, command in getattr(group, "commands", {}).items():
             yield from commands(command, (*path, name)) if hasattr(command, "commands") else [((*path, name), command)]
 
-    unbounded = [f"{' '.join(path)} --{param.name}" for path, command in commands(typer.main.get_command(app))
-                 for param in command.params
-                 if param.type_descriptor.annotation in (int, float) and param.min is None and param.max is None]
+    unbounded = [
+        f"{' '.join(path)} --{param.name}"
+        for path, command in commands(typer.main.get_command(app))
+        for param in command.params
+        if param.type_descriptor.annotation in (int, float) and param.min is None and param.max is None
+    ]
     assert unbounded == []
-    one_line_error(dreamgym("collect", "--games", ".", "--out", "x.parquet", "--epsilon", "2"),
-                   "--epsilon", "less than or equal to 1", "dreamgym collect --help")
+    one_line_error(
+        dreamgym("collect", "--games", ".", "--out", "x.parquet", "--epsilon", "2"),
+        "--epsilon",
+        "less than or equal to 1",
+        "dreamgym collect --help",
+    )
     one_line_error(dreamgym("no-such-command"), "No such command")
 
 
 def test_two_commands_starting_at_once_on_a_new_run_directory_both_get_the_tracking_store(tmp_path):
     """MLflow creates its SQLite schema on first use; two processes doing it at once failed with
     "duplicate column name" (10 of 12 processes, measured before the fix)."""
-    code = ("import sys, mlflow; from dreamgym.tracking import configure_services, experiment_id; "
-            "configure_services(sys.argv[1]); experiment_id('dreamgym', sys.argv[1])")  # as every command starts
+    code = (
+        "import sys, mlflow; from dreamgym.tracking import configure_services, experiment_id; "
+        "configure_services(sys.argv[1]); experiment_id('dreamgym', sys.argv[1])"
+    )  # as every command starts
     environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
     for attempt in range(2):
         run_dir = tmp_path / f"run-{attempt}"
-        both = [subprocess.Popen([sys.executable, "-c", code, str(run_dir)], env=environment,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        both = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(run_dir)], env=environment, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         for process in both:
             _, stderr = process.communicate(timeout=300)
             assert process.returncode == 0, stderr[-2000:]

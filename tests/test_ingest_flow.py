@@ -14,8 +14,7 @@ from dreamgym.data.versioning import read_version
 from dreamgym.errors import DreamgymError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"games.train_count": 3, "games.test_count": 1, "collect.episodes_per_game": 3,
-        "env.max_steps": 30}
+TINY = {"games.train_count": 3, "games.test_count": 1, "collect.episodes_per_game": 3, "env.max_steps": 30}
 
 
 def make_project(root: Path, train_games: list[Path], test_games: list[Path]) -> Path:
@@ -74,12 +73,12 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert dataset_input.dataset.digest == version.md5
     assert dataset_input.dataset.name == "offline-transitions"
     artifacts = {item.path for item in MlflowClient().list_artifacts(run.info.run_id, "validation")}
-    assert artifacts == {"validation/report.json", "validation/quarantine.parquet",
-                         "validation/dataset_overview.png"}
+    assert artifacts == {"validation/report.json", "validation/quarantine.parquet", "validation/dataset_overview.png"}
 
     # The flow recorded the dvc.yaml stage it ran: DVC sees nothing to redo.
-    status = subprocess.run([sys.executable, "-m", "dvc", "status", "validate"], cwd=project,
-                            capture_output=True, text=True, check=True)
+    status = subprocess.run(
+        [sys.executable, "-m", "dvc", "status", "validate"], cwd=project, capture_output=True, text=True, check=True
+    )
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
     lock = (project / "dvc.lock").read_text()
 
@@ -89,12 +88,12 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     assert (project / "dvc.lock").read_text() == lock, "an unchanged re-run changed dvc.lock"
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
     assert first["cached_stages"] == [] and first["data_changed"] and not first["buffer"]["cached"]
-    assert second["cached_stages"] == ["collect-trajectories", "validate-trajectories", "version-data",
-                                       "upsert-buffer"]
+    assert second["cached_stages"] == ["collect-trajectories", "validate-trajectories", "version-data", "upsert-buffer"]
     assert not second["data_changed"] and second["buffer"] == first["buffer"] | {"cached": True}
     unchanged = ("mlflow_run_id", "cached_stages", "data_changed", "buffer")
-    assert {k: v for k, v in second.items() if k not in unchanged} == \
-        {k: v for k, v in first.items() if k not in unchanged}
+    assert {k: v for k, v in second.items() if k not in unchanged} == {
+        k: v for k, v in first.items() if k not in unchanged
+    }
 
     # Recomputed (cache ignored, `dreamgym run --refresh`): every step finds its work done.
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
@@ -115,7 +114,7 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
 
     # Every state is longer than this, so every row is quarantined.
     config = load_config(ROOT / "params.yaml", {**TINY, "validation.max_text_chars": 16})
-    with pytest.raises(DreamgymError, match="validation failed: 100.0% of rows quarantined"):
+    with pytest.raises(DreamgymError, match=r"validation failed: 100\.0% of rows quarantined"):
         ingest(config, str(project))
     assert read_version(project) is None, "data that failed validation must not be versioned"
     [run] = _runs(config.experiment)
@@ -125,16 +124,35 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
     assert quarantine.is_file()
 
 
-TINY_EXPERIENCE = {"experience.vocab_size": 512, "experience.hidden_size": 64, "experience.layers": 2,
-                   "experience.heads": 2, "experience.max_length": 768, "experience.epochs": 1.0,
-                   "experience.neighbours": 2, "experience.max_new_tokens": 32, "experience.retries": 0,
-                   "experience.eval_games": 1, "experience.multi_step": 2,
-                   "experience.variations_per_task": 1}
+TINY_EXPERIENCE = {
+    "experience.vocab_size": 512,
+    "experience.hidden_size": 64,
+    "experience.layers": 2,
+    "experience.heads": 2,
+    "experience.max_length": 768,
+    "experience.epochs": 1.0,
+    "experience.neighbours": 2,
+    "experience.max_new_tokens": 32,
+    "experience.retries": 0,
+    "experience.eval_games": 1,
+    "experience.multi_step": 2,
+    "experience.variations_per_task": 1,
+}
 
-TINY_POLICY_FLOW = {"policy.vocab_size": 400, "policy.hidden_size": 32, "policy.layers": 1, "policy.heads": 2,
-                    "policy.max_length": 512, "policy.epochs": 1.0, "rl.epochs": 1, "rl.group_size": 2,
-                    "rl.max_steps": 2, "curriculum.tasks_per_epoch": 2, "evaluation.games": 1,
-                    "evaluation.max_steps": 5}
+TINY_POLICY_FLOW = {
+    "policy.vocab_size": 400,
+    "policy.hidden_size": 32,
+    "policy.layers": 1,
+    "policy.heads": 2,
+    "policy.max_length": 512,
+    "policy.epochs": 1.0,
+    "rl.epochs": 1,
+    "rl.group_size": 2,
+    "rl.max_steps": 2,
+    "curriculum.tasks_per_epoch": 2,
+    "evaluation.games": 1,
+    "evaluation.max_steps": 5,
+}
 
 
 def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, prefect_server, mlflow_tracking):
@@ -159,8 +177,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     losses = client.get_metric_history(run.info.run_id, "train_loss")
     assert losses and run.data.metrics["fidelity_transitions"] == fidelity["transitions"]
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "experience")}
-    assert {"experience/loss.png", "experience/fidelity_summary.json",
-            "experience/fidelity_open_loop.png"} <= artifacts
+    assert {"experience/loss.png", "experience/fidelity_summary.json", "experience/fidelity_open_loop.png"} <= artifacts
     # The registered model is a complete model folder that loads.
     from dreamgym.experience.model import load_experience_model
     from dreamgym.registry import resolve_model
@@ -179,7 +196,8 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     assert len(client.search_model_versions(f"name = '{MODEL_NAME}'")) == 1
 
     # The policy flow on that experience model: BC -> GRPO in DreamEnv -> real evaluation -> registry.
-    from flows.train_policy import MODEL_NAME as POLICY, train_policy
+    from flows.train_policy import MODEL_NAME as POLICY
+    from flows.train_policy import train_policy
 
     config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW})
     policy = train_policy(config, ingested, second, str(project))
@@ -190,8 +208,14 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     assert policy["rl"]["synthetic_transitions"] > 0
     run = client.get_run(policy["mlflow_run_id"])
     assert run.data.tags["dreamgym.experience_model"] == first["model"]
-    assert {"eval_untrained_success_rate", "eval_bc_success_rate", "eval_dreamgym_success_rate",
-            "rl_success_rate", "rl_synthetic_transitions", "rl_curriculum_entropy"} <= set(run.data.metrics)
+    assert {
+        "eval_untrained_success_rate",
+        "eval_bc_success_rate",
+        "eval_dreamgym_success_rate",
+        "rl_success_rate",
+        "rl_synthetic_transitions",
+        "rl_curriculum_entropy",
+    } <= set(run.data.metrics)
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
     assert any(path.endswith("learning_curves.png") for path in artifacts)
     version = client.get_model_version(POLICY, "1")
@@ -210,15 +234,16 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
     config = ExperienceConfig()
     key = flow.examples_key("md5", config, "encoder")
     assert flow.examples_key("md5", dataclasses.replace(config, epochs=9.0), "encoder") == key
-    others = [flow.examples_key("md5-other", config, "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, history=0), "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, reasoning=False), "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, placeholders=False), "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, placeholders=False, renamed_copies=2),
-                                "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, variations_per_task=0), "encoder"),
-              flow.examples_key("md5", dataclasses.replace(config, synthetic_neighbours=True), "encoder"),
-              flow.examples_key("md5", config, "another-encoder")]
+    others = [
+        flow.examples_key("md5-other", config, "encoder"),
+        flow.examples_key("md5", dataclasses.replace(config, history=0), "encoder"),
+        flow.examples_key("md5", dataclasses.replace(config, reasoning=False), "encoder"),
+        flow.examples_key("md5", dataclasses.replace(config, placeholders=False), "encoder"),
+        flow.examples_key("md5", dataclasses.replace(config, placeholders=False, renamed_copies=2), "encoder"),
+        flow.examples_key("md5", dataclasses.replace(config, variations_per_task=0), "encoder"),
+        flow.examples_key("md5", dataclasses.replace(config, synthetic_neighbours=True), "encoder"),
+        flow.examples_key("md5", config, "another-encoder"),
+    ]
     monkeypatch.setattr(flow, "FORMAT_VERSION", flow.FORMAT_VERSION + 1)
     others.append(flow.examples_key("md5", config, "encoder"))
     assert len({key, *others}) == 10
@@ -226,7 +251,16 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
     from dreamgym.config import PipelineConfig
 
     pipeline = PipelineConfig()
-    served = dataclasses.replace(pipeline, experience=dataclasses.replace(
-        pipeline.experience, max_new_tokens=100, backend="http", backend_url="http://gpu:8000/v1",
-        backend_model="m", synthetic_neighbours=True, constrain_removals=False))
+    served = dataclasses.replace(
+        pipeline,
+        experience=dataclasses.replace(
+            pipeline.experience,
+            max_new_tokens=100,
+            backend="http",
+            backend_url="http://gpu:8000/v1",
+            backend_model="m",
+            synthetic_neighbours=True,
+            constrain_removals=False,
+        ),
+    )
     assert flow._training_key(served) == flow._training_key(pipeline)

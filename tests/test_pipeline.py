@@ -11,7 +11,6 @@ import mlflow
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 from flows.ingest import summary_rows
@@ -34,11 +33,15 @@ def _task_states(since: datetime.datetime) -> dict[str, set[str]]:
     async def read():
         async with get_client() as client:
             flow_runs = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)), limit=100,
-                sort=FlowRunSort.START_TIME_ASC)
+                flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
+                limit=100,
+                sort=FlowRunSort.START_TIME_ASC,
+            )
             tasks = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id for run in flow_runs])), limit=200,
-                sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id for run in flow_runs])),
+                limit=200,
+                sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+            )
             # A sub-flow shows in its parent as a task run: not a task of ours.
             subflows = {run.parent_task_run_id for run in flow_runs}
             return [task_run for task_run in tasks if task_run.id not in subflows]
@@ -58,9 +61,11 @@ def _buffer_rows(project: Path) -> int:
     from dreamgym.config import load_config
 
     config = load_config(project / "params.yaml", OVERRIDES)
-    with open_migrated(project / config.paths.run_dir, config.buffer) as database:
-        with database.engine.connect() as connection:
-            return connection.execute(text("SELECT count(*) FROM transitions")).scalar()
+    with (
+        open_migrated(project / config.paths.run_dir, config.buffer) as database,
+        database.engine.connect() as connection,
+    ):
+        return connection.execute(text("SELECT count(*) FROM transitions")).scalar()
 
 
 def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server, mlflow_tracking):
@@ -76,7 +81,11 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     experiment = parent.info.experiment_id
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {run.data.tags["dreamgym.stage"] for run in children} == {
-        "ingest", "train-experience", "train-policy", "promotion"}
+        "ingest",
+        "train-experience",
+        "train-policy",
+        "promotion",
+    }
     data_md5 = first["ingest"]["data_md5"]
     for run in [parent, *children]:
         assert run.data.params["rl.epochs"] == "1" and run.data.params["seed"] == "0", run.info.run_name
@@ -84,12 +93,19 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
         assert run.data.tags["git_commit"]
     assert parent.data.tags["dreamgym.experience_model"] == "models:/dreamgym-experience/1"
     assert parent.data.tags["dreamgym.policy"] == "models:/dreamgym-policy/1"
-    assert {"eval_bc_success_rate", "eval_dreamgym_success_rate", "fidelity_next_state_exact_match",
-            "promotion_promoted"} <= set(parent.data.metrics)
+    assert {
+        "eval_bc_success_rate",
+        "eval_dreamgym_success_rate",
+        "fidelity_next_state_exact_match",
+        "promotion_promoted",
+    } <= set(parent.data.metrics)
     root_artifacts = {item.path for item in client.list_artifacts(parent.info.run_id)}
     assert {"config", "summary.json"} <= root_artifacts
-    config = json.loads(Path(mlflow.artifacts.download_artifacts(
-        run_id=parent.info.run_id, artifact_path="config/params.json")).read_text())
+    config = json.loads(
+        Path(
+            mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config/params.json")
+        ).read_text()
+    )
     assert config["rl"]["epochs"] == 1 and config["experience"]["hidden_size"] == 64
 
     # The new version is the challenger; the gate's decision is on its tags and in the run.
@@ -103,8 +119,9 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert ("champion" in version.aliases) == decision["promoted"]
 
     # The run wrote the DVC stages' metrics and recorded them: DVC has nothing to redo.
-    status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True,
-                            text=True, check=True)
+    status = subprocess.run(
+        [sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True, text=True, check=True
+    )
     assert "Data and pipelines are up to date" in status.stdout, status.stdout
     policy_metrics = json.loads((project / "outputs" / "metrics" / "policy.json").read_text())
     assert policy_metrics["eval_dreamgym_success_rate"] == rl["success_rate"]
@@ -118,7 +135,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
 
     # An immediate re-run: every task a cache hit, no new rows, no new versions.
     rows = _buffer_rows(project)
-    since = datetime.datetime.now(datetime.timezone.utc)
+    since = datetime.datetime.now(datetime.UTC)
     second = pipeline(params, OVERRIDES)
     states = _task_states(since)
     assert states and all(names == {"Cached"} for names in states.values()), states
@@ -139,7 +156,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert "buffer_inserted" not in cached_run.data.metrics and "collect_seconds" not in cached_run.data.metrics
 
     # One RL parameter changed: RL, evaluation of the new policy and the gate run; nothing upstream.
-    since = datetime.datetime.now(datetime.timezone.utc)
+    since = datetime.datetime.now(datetime.UTC)
     third = pipeline(params, {**OVERRIDES, "rl.learning_rate": 0.002})
     states = _task_states(since)
     ran = {name for name, names in states.items() if names != {"Cached"}}
@@ -182,8 +199,9 @@ def _timeless(keys: set[str]) -> set[str]:
     return {key for key in keys if not any(word in key for word in ("seconds", "per_second", "runtime"))}
 
 
-def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, train_games, test_games,
-                                                                     prefect_server, mlflow_tracking):
+def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
+    tmp_path, train_games, test_games, prefect_server, mlflow_tracking
+):
     """Killed during RL then started again: no duplicated rows or versions, and the same metrics
     as an uninterrupted run of the same seed in another project (CPU runs are reproducible)."""
     import os
@@ -197,9 +215,14 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, t
     killed = make_project(tmp_path / "killed", train_games, test_games)
     params = _write_params(killed, KILLABLE)
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    process = subprocess.Popen([sys.executable, "-m", "dreamgym.cli", "run", "--params", str(params)], env=env,
-                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dreamgym.cli", "run", "--params", str(params)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 900
     while not list(killed.glob("outputs/policy/rl-*/epochs/epoch-1/state.json")):
         assert process.poll() is None, process.stderr.read().decode()[-3000:]
@@ -220,9 +243,11 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, t
     from dreamgym.config import load_config
 
     config = load_config(params)
-    with open_migrated(killed / config.paths.run_dir, config.buffer) as database:
-        with database.engine.connect() as connection:
-            counts = dict(connection.execute(text("SELECT source, count(*) FROM transitions GROUP BY source")).all())
+    with (
+        open_migrated(killed / config.paths.run_dir, config.buffer) as database,
+        database.engine.connect() as connection,
+    ):
+        counts = dict(connection.execute(text("SELECT source, count(*) FROM transitions GROUP BY source")).all())
     # Every real transition once (content hashes are unique); at most the RL run's synthetic steps
     # written back (the tiny experience model's unparseable predictions are not transitions).
     assert counts["real"] == resumed["ingest"]["collection"]["transitions"]
@@ -241,12 +266,17 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(tmp_path, t
     first, second = (client.get_run(summary["mlflow_run_id"]).data.metrics for summary in (resumed, uninterrupted))
     assert first == second and "eval_dreamgym_success_rate" in first
     # The RL curves' last values (the resumed run logged the epochs after the kill).
-    first, second = (client.get_run(summary["policy"]["mlflow_run_id"]).data.metrics
-                     for summary in (resumed, uninterrupted))
+    first, second = (
+        client.get_run(summary["policy"]["mlflow_run_id"]).data.metrics for summary in (resumed, uninterrupted)
+    )
     learned = {key for key in first if key.startswith(("rl_", "eval_"))}
-    assert learned and {key: first[key] for key in _timeless(learned)} == {key: second[key] for key in _timeless(learned)}
-    assert resumed["policy"]["evaluations"][-1]["success_rate"] == \
-        uninterrupted["policy"]["evaluations"][-1]["success_rate"]
+    assert learned and {key: first[key] for key in _timeless(learned)} == {
+        key: second[key] for key in _timeless(learned)
+    }
+    assert (
+        resumed["policy"]["evaluations"][-1]["success_rate"]
+        == uninterrupted["policy"]["evaluations"][-1]["success_rate"]
+    )
 
 
 def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, train_games, test_games, prefect_server):
@@ -266,9 +296,17 @@ def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, train_gam
     params = _write_params(project, TINY)
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "MLFLOW_TRACKING_URI")}
     env["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    runs = [subprocess.Popen([sys.executable, "-m", "dreamgym.cli", "run", "--until", "ingest", "--params",
-                              str(params)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dreamgym.cli", "run", "--until", "ingest", "--params", str(params)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     for run in runs:
         _, stderr = run.communicate(timeout=900)
         assert run.returncode == 0, stderr[-3000:]
@@ -281,7 +319,9 @@ def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, train_gam
 
         assert not _alive(int(pid_file.read_text().split()[0])), "the embedded server outlived both runs"
     collected = read_transitions(project / config.paths.data_dir / "trajectories" / "offline.parquet")
-    with open_migrated(project / config.paths.run_dir, config.buffer) as database:
-        with database.engine.connect() as connection:
-            stored = connection.execute(text("SELECT count(*), count(DISTINCT content_hash) FROM transitions")).one()
+    with (
+        open_migrated(project / config.paths.run_dir, config.buffer) as database,
+        database.engine.connect() as connection,
+    ):
+        stored = connection.execute(text("SELECT count(*), count(DISTINCT content_hash) FROM transitions")).one()
     assert tuple(stored) == (collected.num_rows, collected.num_rows)

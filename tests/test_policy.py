@@ -28,18 +28,25 @@ from dreamgym.policy.view import object_placeholders, policy_input, policy_promp
 from dreamgym.state import parse_state
 
 KITCHEN = "location: kitchen\nvisible: apple\ninventory:\nactions: eat apple; go north; take apple"
-HALL = ("location: hall\nvisible: wooden door (closed)\ninventory: brass key\n"
-        "actions: drop brass key; go south; open wooden door with brass key")
+HALL = (
+    "location: hall\nvisible: wooden door (closed)\ninventory: brass key\n"
+    "actions: drop brass key; go south; open wooden door with brass key"
+)
 ACTIONS = ("eat apple", "go north", "take apple", "drop brass key", "go south", "open wooden door with brass key")
-CONFIG = PolicyConfig(vocab_size=400, hidden_size=32, layers=1, heads=2, max_length=256, action_score="sum",
-                      placeholders=False)
+CONFIG = PolicyConfig(
+    vocab_size=400, hidden_size=32, layers=1, heads=2, max_length=256, action_score="sum", placeholders=False
+)
 
 # Two prompts of different lengths (left padding) and candidates of different token lengths
 # ("examine the rusty old cabinet" has words the tokenizer never saw: many byte-level tokens).
-PROMPTS = [policy_prompt("eat the apple", [], KITCHEN),
-           policy_prompt("open the wooden door in the hall", ["go north", "take brass key"], HALL)]
-CANDIDATES = [("eat apple", "go north", "take apple", "examine the rusty old cabinet"),
-              ("go south", "open wooden door with brass key")]
+PROMPTS = [
+    policy_prompt("eat the apple", [], KITCHEN),
+    policy_prompt("open the wooden door in the hall", ["go north", "take brass key"], HALL),
+]
+CANDIDATES = [
+    ("eat apple", "go north", "take apple", "examine the rusty old cabinet"),
+    ("go south", "open wooden door with brass key"),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,8 +95,11 @@ def naive_score(policy: Policy, prompt: str, action: str) -> tuple[float, int]:
 
 def test_the_test_inputs_exercise_padding(policy):
     prompt_lengths = {len(policy.tokenizer(prompt)["input_ids"]) for prompt in PROMPTS}
-    action_lengths = {len(policy.tokenizer(action_completion(a), add_special_tokens=False)["input_ids"])
-                      for options in CANDIDATES for a in options}
+    action_lengths = {
+        len(policy.tokenizer(action_completion(a), add_special_tokens=False)["input_ids"])
+        for options in CANDIDATES
+        for a in options
+    }
     assert len(prompt_lengths) == 2 and len(action_lengths) >= 2
     for state in (KITCHEN, HALL):
         parse_state(state)  # valid abstract states
@@ -99,8 +109,9 @@ def test_score_actions_sum_equals_naive_scoring(policy):
     with torch.no_grad():
         scores, values = policy.score_actions(PROMPTS, CANDIDATES)
     assert values is None
-    expected = [naive_score(policy, prompt, action)[0] for prompt, options in zip(PROMPTS, CANDIDATES)
-                for action in options]
+    expected = [
+        naive_score(policy, prompt, action)[0] for prompt, options in zip(PROMPTS, CANDIDATES) for action in options
+    ]
     assert scores.shape == (6,)  # 4 + 2 candidates, flattened in order
     assert scores.tolist() == pytest.approx(expected, abs=1e-4)
 
@@ -149,17 +160,22 @@ def test_log_probs_are_a_log_softmax_per_prompt(policy):
 
 
 def observations() -> list[Observation]:
-    return [Observation("eat the apple", (), KITCHEN),
-            Observation("open the wooden door in the hall", ("look", "go north", "take brass key"), HALL)]
+    return [
+        Observation("eat the apple", (), KITCHEN),
+        Observation("open the wooden door in the hall", ("look", "go north", "take brass key"), HALL),
+    ]
 
 
 def test_act_greedy_picks_the_argmax(policy):
     decisions = policy.act(observations(), greedy=True)
-    assert [d.candidates for d in decisions] == [("eat apple", "go north", "take apple"),
-                                                 ("drop brass key", "go south", "open wooden door with brass key")]
+    assert [d.candidates for d in decisions] == [
+        ("eat apple", "go north", "take apple"),
+        ("drop brass key", "go south", "open wooden door with brass key"),
+    ]
     # history 2 (the default): only the last two recent actions are in the prompt
-    assert decisions[1].prompt == policy_prompt("open the wooden door in the hall", ["go north", "take brass key"],
-                                                HALL, list_actions=False)
+    assert decisions[1].prompt == policy_prompt(
+        "open the wooden door in the hall", ["go north", "take brass key"], HALL, list_actions=False
+    )
     with torch.no_grad():
         distributions, _ = policy.log_probs([d.prompt for d in decisions], [d.candidates for d in decisions])
     for decision, distribution in zip(decisions, distributions):
@@ -239,7 +255,8 @@ def test_save_and_load_round_trip(model, tokenizer, tmp_path):
     assert loaded_values.tolist() == pytest.approx(values.tolist(), abs=1e-5)
     assert values.tolist() != pytest.approx([0.25, 0.25])  # the head really reads the hidden state
     assert loaded.act(observations(), greedy=True)[1].prompt == policy_prompt(
-        "open the wooden door in the hall", ["take brass key"], HALL, list_actions=False)  # history 1 after loading
+        "open the wooden door in the hall", ["take brass key"], HALL, list_actions=False
+    )  # history 1 after loading
 
 
 def test_save_without_value_head_loads_without_one(model, tokenizer, tmp_path):
@@ -258,34 +275,47 @@ def test_load_policy_of_an_empty_folder_fails(tmp_path):
 
 # --- the policy's view: placeholders -------------------------------------------------------------
 
-PANTRY = ("location: pantry\nvisible: carrot (on shelf); purple potato (on shelf); shelf\n"
-          "inventory: knife; red apple (sliced)\n"
-          "actions: eat red apple; go north; slice red apple with knife; take carrot from shelf; "
-          "take purple potato from shelf")
+PANTRY = (
+    "location: pantry\nvisible: carrot (on shelf); purple potato (on shelf); shelf\n"
+    "inventory: knife; red apple (sliced)\n"
+    "actions: eat red apple; go north; slice red apple with knife; take carrot from shelf; "
+    "take purple potato from shelf"
+)
 RECIPE = "Recipe: ingredients: purple potato, red apple. directions: roast the purple potato; prepare meal."
 KEPT = frozenset({"knife", "shelf"})
 
 
 def test_objects_the_task_names_come_first_in_its_order_and_the_others_after():
     assert object_placeholders(KEPT, RECIPE, PANTRY) == {
-        "purple potato": "obj1", "red apple": "obj2", "carrot": "other1"}
+        "purple potato": "obj1",
+        "red apple": "obj2",
+        "carrot": "other1",
+    }
     view = policy_input(RECIPE, ["take red apple from shelf", "slice red apple with knife"], PANTRY, 1, KEPT)
     assert view.prompt == policy_prompt(
         "Recipe: ingredients: obj1, obj2. directions: roast the obj1; prepare meal.",
         ["slice obj2 with knife"],
         "location: pantry\nvisible: obj1 (on shelf); other1 (on shelf); shelf\n"
         "inventory: knife; obj2 (sliced)\n"
-        "actions: eat obj2; go north; slice obj2 with knife; take obj1 from shelf; take other1 from shelf")
+        "actions: eat obj2; go north; slice obj2 with knife; take obj1 from shelf; take other1 from shelf",
+    )
     # the candidates are the available actions in the state's order, renamed; the real ones beside
     assert view.actions == parse_state(PANTRY).actions
-    assert view.candidates == ("eat obj2", "go north", "slice obj2 with knife", "take other1 from shelf",
-                               "take obj1 from shelf")
+    assert view.candidates == (
+        "eat obj2",
+        "go north",
+        "slice obj2 with knife",
+        "take other1 from shelf",
+        "take obj1 from shelf",
+    )
     assert view.rename("take purple potato from shelf") == "take obj1 from shelf"
     assert view.restore("take obj1 from shelf") == "take purple potato from shelf"
     # a food the training data never showed is renamed the same way: names are not learnt, roles are
     unseen = PANTRY.replace("purple potato", "green zucchini")
-    assert policy_input(RECIPE.replace("purple potato", "green zucchini"), [], unseen, 2, KEPT).prompt == \
-        policy_input(RECIPE, [], PANTRY, 2, KEPT).prompt
+    assert (
+        policy_input(RECIPE.replace("purple potato", "green zucchini"), [], unseen, 2, KEPT).prompt
+        == policy_input(RECIPE, [], PANTRY, 2, KEPT).prompt
+    )
 
 
 def test_without_placeholders_the_view_is_the_real_text():
@@ -315,17 +345,34 @@ def test_a_policy_with_placeholders_acts_on_real_actions_and_saves_its_kept_name
 
 # --- behaviour cloning examples -----------------------------------------------------------------
 
+
 def _state(trajectory: str, step: int) -> str:
     """A distinct, parseable state per trajectory and step."""
-    return f"location: room {trajectory} {step}\nvisible:\ninventory:\nactions: eat apple; go north; go south; " \
-           "open door; take apple"
+    return (
+        f"location: room {trajectory} {step}\nvisible:\ninventory:\nactions: eat apple; go north; go south; "
+        "open door; take apple"
+    )
 
 
-def _row(trajectory: str, step: int, action: str, won: bool, source: str = "real",
-         instruction: str = "eat the apple", expert_action: str | None = None) -> dict:
-    return {"trajectory_id": trajectory, "step": step, "instruction": instruction,
-            "state": _state(trajectory, step), "action": action, "won": won, "source": source,
-            "expert_action": expert_action}
+def _row(
+    trajectory: str,
+    step: int,
+    action: str,
+    won: bool,
+    source: str = "real",
+    instruction: str = "eat the apple",
+    expert_action: str | None = None,
+) -> dict:
+    return {
+        "trajectory_id": trajectory,
+        "step": step,
+        "instruction": instruction,
+        "state": _state(trajectory, step),
+        "action": action,
+        "won": won,
+        "source": source,
+        "expert_action": expert_action,
+    }
 
 
 def _prompt(instruction: str, recent: list[str], trajectory: str, step: int) -> str:
@@ -336,9 +383,12 @@ def _prompt(instruction: str, recent: list[str], trajectory: str, step: int) -> 
 def test_bc_examples_from_won_real_trajectories_in_step_order():
     rows = [
         # t2: won, given out of order
-        _row("t2", 2, "eat apple", True), _row("t2", 0, "go north", False), _row("t2", 1, "take apple", False),
+        _row("t2", 2, "eat apple", True),
+        _row("t2", 0, "go north", False),
+        _row("t2", 1, "take apple", False),
         # t1: lost
-        _row("t1", 0, "go south", False), _row("t1", 1, "eat apple", False),
+        _row("t1", 0, "go south", False),
+        _row("t1", 1, "eat apple", False),
         # t3: won but synthetic
         _row("t3", 0, "eat apple", True, source="synthetic"),
         # t0: won in one step, another task
@@ -392,8 +442,9 @@ def test_initial_policy_without_examples_fails():
 
 
 def test_initial_policy_from_examples_is_seeded(tokenizer):
-    examples = [{"prompt": prompt, "completion": action_completion(options[0])}
-                for prompt, options in zip(PROMPTS, CANDIDATES)]
+    examples = [
+        {"prompt": prompt, "completion": action_completion(options[0])} for prompt, options in zip(PROMPTS, CANDIDATES)
+    ]
     first, second = initial_policy(examples, CONFIG, seed=3), initial_policy(examples, CONFIG, seed=3)
     assert not first.training
     with torch.no_grad():

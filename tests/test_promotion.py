@@ -12,7 +12,16 @@ from dreamgym.config import PromotionConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import eval_set_id
 from dreamgym.promotion import (
-    BC_LABEL, CHAMPION_ALIAS, Decision, Score, alias_version, decide, gate, one_sided_p_value, set_challenger)
+    BC_LABEL,
+    CHAMPION_ALIAS,
+    Decision,
+    Score,
+    alias_version,
+    decide,
+    gate,
+    one_sided_p_value,
+    set_challenger,
+)
 
 NAME = "dreamgym-policy"
 SET = "set-a"
@@ -60,8 +69,17 @@ def test_eval_set_id_identifies_games_settings_and_seed():
     first = eval_set_id(["b.z8", "a.z8"], settings, 0)
     assert len(first) == 16 and int(first, 16) >= 0
     assert first == eval_set_id(["a.z8", "b.z8"], dict(reversed(settings.items())), 0)  # order-free
-    assert len({first, eval_set_id(["a.z8", "c.z8"], settings, 0), eval_set_id(["a.z8", "b.z8"], settings, 1),
-                eval_set_id(["a.z8", "b.z8"], {**settings, "max_steps": 30}, 0)}) == 4
+    assert (
+        len(
+            {
+                first,
+                eval_set_id(["a.z8", "c.z8"], settings, 0),
+                eval_set_id(["a.z8", "b.z8"], settings, 1),
+                eval_set_id(["a.z8", "b.z8"], {**settings, "max_steps": 30}, 0),
+            }
+        )
+        == 4
+    )
 
 
 # The decision ---------------------------------------------------------------------------------
@@ -74,20 +92,38 @@ def score(successes: int, label: str = "models:/dreamgym-policy/3", episodes: in
 def test_decide_promotes_a_significant_win():
     decision = decide(score(30), score(18, "models:/dreamgym-policy/2"), PromotionConfig())
     assert decision.promote and decision.p_value == pytest.approx(0.0030849, abs=1e-6)
-    assert decision.reason == ("challenger models:/dreamgym-policy/3 30/40 (75.0%) vs champion "
-                               "models:/dreamgym-policy/2 18/40 (45.0%): difference 30.0 points > margin "
-                               "0.0 points, p=0.00308 < alpha 0.05")
+    assert decision.reason == (
+        "challenger models:/dreamgym-policy/3 30/40 (75.0%) vs champion "
+        "models:/dreamgym-policy/2 18/40 (45.0%): difference 30.0 points > margin "
+        "0.0 points, p=0.00308 < alpha 0.05"
+    )
     tags = decision.tags()
-    assert set(tags) == {"promotion.decision", "promotion.baseline", "promotion.p_value", "promotion.reason",
-                         "promotion.challenger_rate", "promotion.baseline_rate"}
-    assert (tags["promotion.decision"], tags["promotion.baseline"], tags["promotion.challenger_rate"],
-            tags["promotion.baseline_rate"]) == ("promoted", "models:/dreamgym-policy/2", "0.75", "0.45")
+    assert set(tags) == {
+        "promotion.decision",
+        "promotion.baseline",
+        "promotion.p_value",
+        "promotion.reason",
+        "promotion.challenger_rate",
+        "promotion.baseline_rate",
+    }
+    assert (
+        tags["promotion.decision"],
+        tags["promotion.baseline"],
+        tags["promotion.challenger_rate"],
+        tags["promotion.baseline_rate"],
+    ) == ("promoted", "models:/dreamgym-policy/2", "0.75", "0.45")
     assert float(tags["promotion.p_value"]) == pytest.approx(decision.p_value, rel=1e-5)
     assert all(isinstance(value, str) for value in tags.values())
     metrics = decision.metrics()
-    assert metrics == pytest.approx({"promotion_promoted": 1.0, "promotion_p_value": decision.p_value,
-                                     "promotion_challenger_rate": 0.75, "promotion_baseline_rate": 0.45,
-                                     "promotion_difference": 0.3})
+    assert metrics == pytest.approx(
+        {
+            "promotion_promoted": 1.0,
+            "promotion_p_value": decision.p_value,
+            "promotion_challenger_rate": 0.75,
+            "promotion_baseline_rate": 0.45,
+            "promotion_difference": 0.3,
+        }
+    )
 
 
 def test_decide_needs_both_margin_and_significance():
@@ -118,10 +154,10 @@ def test_decide_refuses_different_eval_sets():
 
 def register(tmp_path: Path, key: str, **tags: int | str) -> str:
     """A policy version as the pipeline registers it (a small model folder, `tags`), made challenger."""
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
-    from dreamgym.registry import register_model_dir  # noqa: PLC0415
-    from dreamgym.tracking import experiment_id  # noqa: PLC0415
+    from dreamgym.registry import register_model_dir
+    from dreamgym.tracking import experiment_id
 
     folder = tmp_path / key
     folder.mkdir()
@@ -134,7 +170,7 @@ def register(tmp_path: Path, key: str, **tags: int | str) -> str:
 
 
 def version_tags(version: str) -> dict[str, str]:
-    import mlflow  # noqa: PLC0415
+    import mlflow
 
     return mlflow.MlflowClient().get_model_version(NAME, version).tags
 
@@ -144,8 +180,13 @@ def promotion_tags(version: str) -> dict[str, str]:
 
 
 def evaluated(successes: int, bc: int = 18, eval_set: str = SET) -> dict[str, int | str]:
-    return {"eval_set": eval_set, "eval_successes": successes, "eval_episodes": 40, "bc_successes": bc,
-            "bc_episodes": 40}
+    return {
+        "eval_set": eval_set,
+        "eval_successes": successes,
+        "eval_episodes": 40,
+        "bc_successes": bc,
+        "bc_episodes": 40,
+    }
 
 
 def test_gate_promotes_only_versions_that_beat_the_champion(mlflow_tracking, tmp_path):
@@ -241,9 +282,9 @@ def restored_environ():
 
 
 def promote(params: Path, *args: str):
-    from typer.testing import CliRunner  # noqa: PLC0415
+    from typer.testing import CliRunner
 
-    from dreamgym.cli import app  # noqa: PLC0415
+    from dreamgym.cli import app
 
     return CliRunner().invoke(app, ["promote", *args, "--params", str(params)])
 

@@ -23,23 +23,34 @@ from dreamgym.rl.rollout import play
 
 # One room, one ingredient to take, nothing to cook or cut: take it, prepare meal, eat meal, with
 # ~20 other actions available. Seed 3 gives a game whose noisy-expert episodes all win.
-ONE_ROOM = GamesConfig(recipe=(1,), take=(1,), go=(1,), open=False, cook=False, cut=False,
-                       train_count=1, test_count=0)
+ONE_ROOM = GamesConfig(recipe=(1,), take=(1,), go=(1,), open=False, cook=False, cut=False, train_count=1, test_count=0)
 # Two epochs of BC: it knows the game a little (greedy wins; sampled at temperature 0.5, 1 in 3).
-TINY_POLICY = PolicyConfig(vocab_size=400, hidden_size=64, layers=2, heads=2, max_length=512,
-                           epochs=2, batch_size=8, learning_rate=1e-3)
+TINY_POLICY = PolicyConfig(
+    vocab_size=400, hidden_size=64, layers=2, heads=2, max_length=512, epochs=2, batch_size=8, learning_rate=1e-3
+)
 MAX_STEPS = 10
 # Small groups, a high learning rate and a cooler softmax than BC's 1 (at 1 this warm start wins
 # ~6% of its episodes, and PPO's 8 first rollouts often none): learns the game in a few epochs.
-TINY_RL = RLConfig(env="real", epochs=8, group_size=8, max_steps=MAX_STEPS, learning_rate=1e-3,
-                   update_epochs=2, minibatch_size=32, kl_coef=0.0, temperature=0.5, real_budget=100_000)
+TINY_RL = RLConfig(
+    env="real",
+    epochs=8,
+    group_size=8,
+    max_steps=MAX_STEPS,
+    learning_rate=1e-3,
+    update_epochs=2,
+    minibatch_size=32,
+    kl_coef=0.0,
+    temperature=0.5,
+    real_budget=100_000,
+)
 ONE_TASK = CurriculumConfig(tasks_per_epoch=1, variation_fraction=0.0)
 
 
 @pytest.fixture(scope="module")
 def one_room_game(tmp_path_factory) -> Path:
-    games, _ = generate_games(plan_games(ONE_ROOM, "train", 1, seed=3),
-                              tmp_path_factory.mktemp("one-room"), workers=1, progress=False)
+    games, _ = generate_games(
+        plan_games(ONE_ROOM, "train", 1, seed=3), tmp_path_factory.mktemp("one-room"), workers=1, progress=False
+    )
     return games[0]
 
 
@@ -48,18 +59,29 @@ def warm_start(one_room_game, tmp_path_factory) -> Path:
     """A briefly behaviour-cloned policy: it knows the game a little (greedy wins, sampled
     rarely), which is where RL starts in the pipeline."""
     out = tmp_path_factory.mktemp("one-room-data")
-    collect([one_room_game], out / "data.parquet", CollectionSettings("noisy-expert", 0.3, 6, seed=0, max_steps=20),
-            workers=1, progress=False)
+    collect(
+        [one_room_game],
+        out / "data.parquet",
+        CollectionSettings("noisy-expert", 0.3, 6, seed=0, max_steps=20),
+        workers=1,
+        progress=False,
+    )
     rows = read_transitions(out / "data.parquet").to_pylist()
     kept = policy_kept_names(rows, TINY_POLICY)
-    return train_bc(bc_examples(rows, TINY_POLICY, kept), TINY_POLICY, out / "bc", seed=0, kept=kept,
-                    progress=False).model_dir
+    return train_bc(
+        bc_examples(rows, TINY_POLICY, kept), TINY_POLICY, out / "bc", seed=0, kept=kept, progress=False
+    ).model_dir
 
 
 def sampled_success(policy_dir: Path, game: Path, episodes: int = 32) -> float:
     policy = load_policy(policy_dir)
-    played = play(policy, [TextWorldEnv(MAX_STEPS) for _ in range(episodes)], [load_task(game)] * episodes,
-                  generator=torch.Generator().manual_seed(123), temperature=TINY_RL.temperature)
+    played = play(
+        policy,
+        [TextWorldEnv(MAX_STEPS) for _ in range(episodes)],
+        [load_task(game)] * episodes,
+        generator=torch.Generator().manual_seed(123),
+        temperature=TINY_RL.temperature,
+    )
     return sum(episode.won for episode in played) / episodes
 
 
@@ -69,15 +91,25 @@ def parameters(policy_dir: Path) -> list[torch.Tensor]:
 
 def real_run(game: Path, start: Path, out: Path, config: RLConfig = TINY_RL, **kwargs):
     curriculum = Curriculum([load_task(game)], ONE_TASK, seed=0)
-    return train_rl(start, lambda slot: TextWorldEnv(config.max_steps), curriculum, config, out, seed=0,
-                    real_budget=config.real_budget, progress=False, **kwargs)
+    return train_rl(
+        start,
+        lambda slot: TextWorldEnv(config.max_steps),
+        curriculum,
+        config,
+        out,
+        seed=0,
+        real_budget=config.real_budget,
+        progress=False,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_rl_in_the_real_game_raises_success_and_changes_the_policy(algorithm, one_room_game, warm_start, tmp_path):
     before = sampled_success(warm_start, one_room_game)
-    result = real_run(one_room_game, warm_start, tmp_path / algorithm,
-                      dataclasses.replace(TINY_RL, algorithm=algorithm))
+    result = real_run(
+        one_room_game, warm_start, tmp_path / algorithm, dataclasses.replace(TINY_RL, algorithm=algorithm)
+    )
     after = sampled_success(result.policy_dir, one_room_game)
     assert after >= before + 0.3, (before, after, [row["success_rate"] for row in result.history])
     changed = [not torch.equal(a, b) for a, b in zip(parameters(warm_start), parameters(result.policy_dir))]
@@ -124,22 +156,22 @@ def test_a_real_budget_stops_the_run_and_is_never_exceeded(one_room_game, warm_s
     assert result.history[-1]["cut_episodes"] > 0  # the episodes running when it ran out
 
 
-def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, first_episode, train_games,
-                                                               tmp_path):
+def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, first_episode, train_games, tmp_path):
     """GRPO with 0 real transitions, in DreamEnv, makes the policy better in the *real* game."""
-    from conftest import TINY_EXPERIENCE  # noqa: PLC0415
+    from conftest import TINY_EXPERIENCE
 
-    from dreamgym.envs.dream_env import DreamEnv  # noqa: PLC0415
-    from dreamgym.experience.generate import ExperienceModel  # noqa: PLC0415
-    from dreamgym.experience.model import load_experience_model  # noqa: PLC0415
-    from dreamgym.experience.variations import seed_tasks  # noqa: PLC0415
+    from dreamgym.envs.dream_env import DreamEnv
+    from dreamgym.experience.generate import ExperienceModel
+    from dreamgym.experience.model import load_experience_model
+    from dreamgym.experience.variations import seed_tasks
 
     assert first_episode[-1]["won"], "the tiny experience model learned a won episode"
     # The tiny experience model knows one episode by heart, so the warm start is cloned from that
     # one, briefly: it knows the game a little.
     kept = policy_kept_names(first_episode, TINY_POLICY)
-    start = train_bc(bc_examples(first_episode, TINY_POLICY, kept), TINY_POLICY, tmp_path / "bc", seed=0,
-                     kept=kept, progress=False).model_dir
+    start = train_bc(
+        bc_examples(first_episode, TINY_POLICY, kept), TINY_POLICY, tmp_path / "bc", seed=0, kept=kept, progress=False
+    ).model_dir
     model, tokenizer = load_experience_model(tiny_experience.model_dir)
     # Unconstrained decoding, no retries. This model knows one episode: it replays that episode
     # with or without the default constraints (11/11 steps), but an action off it fails to parse
@@ -148,8 +180,12 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, f
     # at 0.75 (7.8 min; measured 2026-11-24); unconstrained, a failed step changes nothing, which
     # GRPO learns to avoid, and the test runs in about a minute. A test with the defaults on needs
     # an experience model that predicts actions it has not seen (issue 26), not a decoding switch.
-    experience = ExperienceModel(model, tokenizer, dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256,
-                                                                       constrain_removals=False, retries=0), seed=0)
+    experience = ExperienceModel(
+        model,
+        tokenizer,
+        dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256, constrain_removals=False, retries=0),
+        seed=0,
+    )
     task = seed_tasks(first_episode)[0]
     [game] = [game for game in train_games if game.stem == task.task_id]
     steps = len(first_episode) + 2
@@ -157,16 +193,29 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, f
 
     def real_return(policy_dir: Path) -> float:
         """The game's score, sampled as RL samples, over 16 real episodes."""
-        played = play(load_policy(policy_dir), [TextWorldEnv(steps) for _ in range(16)], [load_task(game)] * 16,
-                      generator=torch.Generator().manual_seed(7), temperature=TINY_RL.temperature)
+        played = play(
+            load_policy(policy_dir),
+            [TextWorldEnv(steps) for _ in range(16)],
+            [load_task(game)] * 16,
+            generator=torch.Generator().manual_seed(7),
+            temperature=TINY_RL.temperature,
+        )
         return sum(episode.episode_return("score") for episode in played) / 16
 
     # The score (the model's predicted rewards for each right step) gives GRPO a signal at this
     # budget; an 11-step recipe is rarely finished by a tiny policy in a few epochs.
     config = dataclasses.replace(TINY_RL, env="dream", epochs=4, max_steps=steps, reward="score")
     curriculum = Curriculum([task], ONE_TASK, seed=0)
-    result = train_rl(start, lambda slot: DreamEnv(experience, steps, slot=slot, policy="test"), curriculum,
-                      config, tmp_path / "dream", seed=0, on_transitions=written.extend, progress=False)
+    result = train_rl(
+        start,
+        lambda slot: DreamEnv(experience, steps, slot=slot, policy="test"),
+        curriculum,
+        config,
+        tmp_path / "dream",
+        seed=0,
+        on_transitions=written.extend,
+        progress=False,
+    )
     assert result.real_transitions == 0
     assert result.synthetic_transitions >= len(written) > 0  # failed predictions are not written
     assert {row["source"] for row in written} == {"synthetic"}

@@ -33,11 +33,13 @@ def t(values) -> torch.Tensor:
 
 
 def close(actual, expected, tol: float = 1e-6) -> None:
-    assert torch.allclose(torch.as_tensor(actual, dtype=torch.float64), t(expected), atol=tol, rtol=0), \
+    assert torch.allclose(torch.as_tensor(actual, dtype=torch.float64), t(expected), atol=tol, rtol=0), (
         f"{actual} != {expected}"
+    )
 
 
 # --- losses -------------------------------------------------------------------------------------
+
 
 def _surrogate(ratio: float, advantage: float) -> float:
     loss = clipped_surrogate(t([math.log(ratio)]), t([0.0]), t([advantage]), CLIP)
@@ -160,6 +162,7 @@ def test_normalise_all_equal_and_single_element():
 
 # --- GRPO ---------------------------------------------------------------------------------------
 
+
 def test_group_advantages_hand_example():
     # [1,0,0,1]: mean 0.5, population std 0.5 -> [1,-1,-1,1]
     assert group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0])
@@ -185,15 +188,24 @@ def _task(task_id: str) -> Task:
 
 
 def _decision(name: str, chosen: int = 0) -> Decision:
-    return Decision(prompt=f"prompt {name}", candidates=("go north", "take apple"), chosen=chosen,
-                    logprob=-0.6931, value=None)
+    return Decision(
+        prompt=f"prompt {name}", candidates=("go north", "take apple"), chosen=chosen, logprob=-0.6931, value=None
+    )
 
 
-def _episode(task_id: str, name: str, steps: int, won: bool, *, failures: list[bool] | None = None,
-             cut: bool = False) -> Episode:
+def _episode(
+    task_id: str, name: str, steps: int, won: bool, *, failures: list[bool] | None = None, cut: bool = False
+) -> Episode:
     decisions = [_decision(f"{name}/{i}") for i in range(steps)]
-    return Episode(_task(task_id), decisions=decisions, rewards=[0.0] * steps,
-                   model_failures=failures or [False] * steps, won=won, terminated=not cut, cut=cut)
+    return Episode(
+        _task(task_id),
+        decisions=decisions,
+        rewards=[0.0] * steps,
+        model_failures=failures or [False] * steps,
+        won=won,
+        terminated=not cut,
+        cut=cut,
+    )
 
 
 def _by_prompt(samples) -> dict[str, tuple[float, float]]:
@@ -214,8 +226,14 @@ def test_grpo_samples_group_by_task_with_weights_one_over_episode_length():
     ]
     samples = _by_prompt(grpo.samples(episodes, None))
     expected = {}
-    for name, steps, advantage in [("a-won", 2, 1.0), ("a-lost", 4, -1.0), ("b0", 1, -1.0),
-                                   ("b1", 3, 1.0), ("b2", 5, 1.0), ("b3", 2, -1.0)]:
+    for name, steps, advantage in [
+        ("a-won", 2, 1.0),
+        ("a-lost", 4, -1.0),
+        ("b0", 1, -1.0),
+        ("b1", 3, 1.0),
+        ("b2", 5, 1.0),
+        ("b3", 2, -1.0),
+    ]:
         for i in range(steps):
             expected[f"prompt {name}/{i}"] = (advantage, 1.0 / steps)
     assert samples.keys() == expected.keys()
@@ -227,8 +245,7 @@ def test_grpo_samples_leave_out_cut_episodes_from_the_group_and_the_samples():
     grpo = GRPO(RLConfig(reward="outcome"))
     # Without the cut episode, A's returns are [1, 0] -> [1, -1]. Were the cut (won) episode
     # counted, returns [1, 0, 1] would give mean 2/3, std √2/3 -> [0.707, -1.414, 0.707].
-    episodes = [_episode("A", "won", 1, True), _episode("A", "lost", 1, False),
-                _episode("A", "cut", 1, True, cut=True)]
+    episodes = [_episode("A", "won", 1, True), _episode("A", "lost", 1, False), _episode("A", "cut", 1, True, cut=True)]
     samples = _by_prompt(grpo.samples(episodes, None))
     assert samples == {"prompt won/0": pytest.approx((1.0, 1.0)), "prompt lost/0": pytest.approx((-1.0, 1.0))}
 
@@ -236,33 +253,48 @@ def test_grpo_samples_leave_out_cut_episodes_from_the_group_and_the_samples():
 def test_grpo_samples_leave_out_model_failures_but_keep_their_weight():
     grpo = GRPO(RLConfig(reward="outcome"))
     # The won episode has 4 decisions, the 2nd failed: 3 samples, each 1/4 (the episode's steps).
-    episodes = [_episode("A", "won", 4, True, failures=[False, True, False, False]),
-                _episode("A", "lost", 2, False, failures=[True, True])]
+    episodes = [
+        _episode("A", "won", 4, True, failures=[False, True, False, False]),
+        _episode("A", "lost", 2, False, failures=[True, True]),
+    ]
     samples = _by_prompt(grpo.samples(episodes, None))
     assert samples == {f"prompt won/{i}": pytest.approx((1.0, 0.25)) for i in (0, 2, 3)}
 
 
 def test_grpo_samples_give_nothing_for_a_group_with_equal_returns():
     grpo = GRPO(RLConfig(reward="outcome"))
-    episodes = [_episode("A", "w1", 2, True), _episode("A", "w2", 3, True),  # all won
-                _episode("B", "l1", 2, False), _episode("B", "l2", 1, False),  # all lost
-                _episode("C", "alone", 3, True)]  # a group of one
+    episodes = [
+        _episode("A", "w1", 2, True),
+        _episode("A", "w2", 3, True),  # all won
+        _episode("B", "l1", 2, False),
+        _episode("B", "l2", 1, False),  # all lost
+        _episode("C", "alone", 3, True),
+    ]  # a group of one
     assert grpo.samples(episodes, None) == []
 
 
 def test_grpo_samples_with_score_reward():
     grpo = GRPO(RLConfig(reward="score"))
     # returns 3 and 1 -> mean 2, std 1 -> [1, -1]; both lost, so 'outcome' would give no samples
-    high = Episode(_task("A"), [_decision("h/0"), _decision("h/1")], rewards=[1.0, 2.0],
-                   model_failures=[False, False], terminated=True)
+    high = Episode(
+        _task("A"),
+        [_decision("h/0"), _decision("h/1")],
+        rewards=[1.0, 2.0],
+        model_failures=[False, False],
+        terminated=True,
+    )
     low = Episode(_task("A"), [_decision("l/0")], rewards=[1.0], model_failures=[False], terminated=True)
     samples = _by_prompt(grpo.samples([high, low], None))
-    assert samples == {"prompt h/0": pytest.approx((1.0, 0.5)), "prompt h/1": pytest.approx((1.0, 0.5)),
-                       "prompt l/0": pytest.approx((-1.0, 1.0))}
+    assert samples == {
+        "prompt h/0": pytest.approx((1.0, 0.5)),
+        "prompt h/1": pytest.approx((1.0, 0.5)),
+        "prompt l/0": pytest.approx((-1.0, 1.0)),
+    }
     assert GRPO(RLConfig(reward="outcome")).samples([high, low], None) == []
 
 
 # --- PPO's GAE ----------------------------------------------------------------------------------
+
 
 def test_gae_terminal_episode():
     # r = [0, 0, 1], V = [0.5, 0.6, 0.7], γ = 0.9, λ = 0.8 (γλ = 0.72), V after the end = 0
@@ -309,15 +341,28 @@ def test_gae_length_mismatch_and_empty():
 
 # --- episodes and the real budget ---------------------------------------------------------------
 
+
 def test_episode_outcome_and_score_rewards():
-    won = Episode(_task("A"), [_decision(str(i)) for i in range(3)], rewards=[0.0, 1.0, 2.0],
-                  model_failures=[False] * 3, won=True, terminated=True)
+    won = Episode(
+        _task("A"),
+        [_decision(str(i)) for i in range(3)],
+        rewards=[0.0, 1.0, 2.0],
+        model_failures=[False] * 3,
+        won=True,
+        terminated=True,
+    )
     assert won.step_rewards("outcome") == [0.0, 0.0, 1.0]
     assert won.episode_return("outcome") == 1.0
     assert won.step_rewards("score") == [0.0, 1.0, 2.0]
     assert won.episode_return("score") == 3.0  # 0 + 1 + 2
-    lost = Episode(_task("A"), [_decision(str(i)) for i in range(2)], rewards=[1.0, 0.0],
-                   model_failures=[False] * 2, won=False, truncated=True)
+    lost = Episode(
+        _task("A"),
+        [_decision(str(i)) for i in range(2)],
+        rewards=[1.0, 0.0],
+        model_failures=[False] * 2,
+        won=False,
+        truncated=True,
+    )
     assert lost.step_rewards("outcome") == [0.0, 0.0]
     assert lost.episode_return("outcome") == 0.0
     assert lost.episode_return("score") == 1.0
@@ -350,6 +395,7 @@ def test_unlimited_real_budget():
 
 
 # --- collapse warnings --------------------------------------------------------------------------
+
 
 def _row(epoch: int, entropy_value: float, success: float) -> dict[str, float]:
     return {"epoch": float(epoch), "entropy": entropy_value, "success_rate": success}

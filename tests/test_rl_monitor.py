@@ -17,9 +17,13 @@ def episode(task_id: str, won: bool, steps: int, real: bool, cut: bool = False) 
 
 
 def test_the_gap_compares_the_same_tasks_only():
-    dream = [episode("a", True, 3, False), episode("a", True, 4, False), episode("b", False, 5, False),
-             episode("variation", True, 2, False),          # no real game: left out
-             episode("a", True, 9, False, cut=True)]         # outcome unknown: left out
+    dream = [
+        episode("a", True, 3, False),
+        episode("a", True, 4, False),
+        episode("b", False, 5, False),
+        episode("variation", True, 2, False),  # no real game: left out
+        episode("a", True, 9, False, cut=True),
+    ]  # outcome unknown: left out
     real = [episode("a", False, 6, True), episode("a", True, 4, True), episode("b", False, 7, True)]
     metrics = gap_metrics(dream, real)
     assert metrics["dream_success_checked"] == pytest.approx(2 / 3)

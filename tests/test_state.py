@@ -28,15 +28,18 @@ def test_empty_fields_round_trip():
     assert parse_state(format_state(empty)) == empty
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("location: kitchen\nvisible:\ninventory:", "expected 4 lines"),
-    ("place: kitchen\nvisible:\ninventory:\nactions:", "'location:'"),
-    ("location:\nvisible:\ninventory:\nactions:", "location is empty"),
-    ("location: k\nvisible: b; a\ninventory:\nactions:", "not sorted"),
-    ("location: k\nvisible: a; a\ninventory:\nactions:", "repeated"),
-    ("location: k\nvisible:a\ninventory:\nactions:", "missing space"),
-    ("location: k\nvisible: a;  b\ninventory:\nactions:", "surrounding spaces"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("location: kitchen\nvisible:\ninventory:", "expected 4 lines"),
+        ("place: kitchen\nvisible:\ninventory:\nactions:", "'location:'"),
+        ("location:\nvisible:\ninventory:\nactions:", "location is empty"),
+        ("location: k\nvisible: b; a\ninventory:\nactions:", "not sorted"),
+        ("location: k\nvisible: a; a\ninventory:\nactions:", "repeated"),
+        ("location: k\nvisible:a\ninventory:\nactions:", "missing space"),
+        ("location: k\nvisible: a;  b\ninventory:\nactions:", "surrounding spaces"),
+    ],
+)
 def test_parser_rejects_malformed_text_with_the_reason(text, problem):
     with pytest.raises(StateParseError, match=problem):
         parse_state(text)

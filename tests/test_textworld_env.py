@@ -26,10 +26,10 @@ def test_check_env_catches_a_broken_environment(train_games):
 def test_expert_wins_and_rewards_add_up_to_the_max_score(train_games):
     env = TextWorldEnv(max_steps=100)
     for game in train_games:
-        observation, info = env.reset(load_task(game))
+        _observation, info = env.reset(load_task(game))
         total, terminated = 0.0, False
         while not terminated:
-            observation, reward, terminated, truncated, info = env.step(info["expert_action"])
+            _observation, reward, terminated, truncated, info = env.step(info["expert_action"])
             total += reward
             assert not truncated
         assert info["won"] and not info["lost"]
@@ -75,10 +75,13 @@ def test_task_instruction_carries_the_recipe(train_games):
 
 
 def test_compact_recipe():
-    text = ("\nRecipe #1\n---------\nGather all.\n\nIngredients:\nred apple\n  white onion\n\n"
-            "Directions:\nslice the red apple\n  prepare meal\n")
-    assert compact_recipe(text) == ("Recipe: ingredients: red apple, white onion. "
-                                    "directions: slice the red apple; prepare meal.")
+    text = (
+        "\nRecipe #1\n---------\nGather all.\n\nIngredients:\nred apple\n  white onion\n\n"
+        "Directions:\nslice the red apple\n  prepare meal\n"
+    )
+    assert compact_recipe(text) == (
+        "Recipe: ingredients: red apple, white onion. directions: slice the red apple; prepare meal."
+    )
 
 
 def test_missing_and_corrupt_game_files_are_rejected_before_loading(train_games, tmp_path):
@@ -96,7 +99,7 @@ def test_missing_and_corrupt_game_files_are_rejected_before_loading(train_games,
         check_game_file(flipped)
     no_metadata = tmp_path / "alone.z8"
     no_metadata.write_bytes(story)
-    with pytest.raises(GameFileError, match="no alone.json"):
+    with pytest.raises(GameFileError, match=r"no alone\.json"):
         check_game_file(no_metadata)
     with pytest.raises(GameFileError, match="not a Z-machine"):
         (tmp_path / "text.z8").write_text("hello" * 100)

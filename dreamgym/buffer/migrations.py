@@ -44,14 +44,16 @@ def load_migrations(embedding_dim: int, directory: Path = MIGRATIONS_DIR) -> lis
     for path in sorted(directory.glob("*.sql")):
         match = _FILE_NAME.match(path.name)
         if not match:
-            raise MigrationError(f"{path.name}: migration files are named NNN_name.sql "
-                                 "(three digits, lower-case name)")
+            raise MigrationError(f"{path.name}: migration files are named NNN_name.sql (three digits, lower-case name)")
         sql = path.read_text().replace("{embedding_dim}", str(embedding_dim))
-        migrations.append(Migration(version=int(match[1]), name=path.stem, sql=sql,
-                                    checksum=hashlib.sha256(sql.encode()).hexdigest()))
+        migrations.append(
+            Migration(version=int(match[1]), name=path.stem, sql=sql, checksum=hashlib.sha256(sql.encode()).hexdigest())
+        )
     if not migrations:
-        raise MigrationError(f"no migration files (NNN_name.sql) in {directory}: the buffer's schema ships "
-                             "in the checkout's sql/ folder; run from a complete checkout")
+        raise MigrationError(
+            f"no migration files (NNN_name.sql) in {directory}: the buffer's schema ships "
+            "in the checkout's sql/ folder; run from a complete checkout"
+        )
     versions = [m.version for m in migrations]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"two migration files share a number in {directory}")
@@ -66,14 +68,19 @@ def apply_migrations(engine: Engine, migrations: list[Migration]) -> list[str]:
         connection.exec_driver_sql(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())")
-        recorded = {row.version: row for row in connection.execute(
-            text("SELECT version, name, checksum FROM schema_migrations"))}
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        recorded = {
+            row.version: row
+            for row in connection.execute(text("SELECT version, name, checksum FROM schema_migrations"))
+        }
         unknown = sorted(set(recorded) - {m.version for m in migrations})
         if unknown:
             names = ", ".join(recorded[v].name for v in unknown)
-            raise MigrationError(f"the database has migrations this code does not know ({names}); "
-                                 "update dreamgym, or point DATABASE_URL at another database")
+            raise MigrationError(
+                f"the database has migrations this code does not know ({names}); "
+                "update dreamgym, or point DATABASE_URL at another database"
+            )
         for migration in migrations:
             previous = recorded.get(migration.version)
             if previous is not None:
@@ -82,20 +89,21 @@ def apply_migrations(engine: Engine, migrations: list[Migration]) -> list[str]:
                         f"migration {migration.name} was applied with checksum "
                         f"{previous.checksum[:12]} but its file now gives {migration.checksum[:12]}: "
                         "applied migrations must not change; put the change in a new numbered "
-                        "migration (a changed buffer.embedding_dim needs a new database)")
+                        "migration (a changed buffer.embedding_dim needs a new database)"
+                    )
                 continue
             connection.exec_driver_sql(migration.sql)
-            connection.execute(text("INSERT INTO schema_migrations (version, name, checksum) "
-                                    "VALUES (:version, :name, :checksum)"),
-                               {"version": migration.version, "name": migration.name,
-                                "checksum": migration.checksum})
+            connection.execute(
+                text("INSERT INTO schema_migrations (version, name, checksum) VALUES (:version, :name, :checksum)"),
+                {"version": migration.version, "name": migration.name, "checksum": migration.checksum},
+            )
             applied_now.append(migration.name)
     return applied_now
 
 
 def open_migrated(run_dir, config: BufferConfig, url: str | None = None):
     """Open the buffer database and bring its schema up to date."""
-    from dreamgym.buffer.db import open_database  # noqa: PLC0415 - db does not need migrations
+    from dreamgym.buffer.db import open_database  # db does not need migrations
 
     database = open_database(run_dir, url, shared_buffers=config.embedded_shared_buffers)
     apply_migrations(database.engine, load_migrations(config.embedding_dim))

@@ -19,9 +19,25 @@ from psycopg.types.json import Jsonb
 
 from dreamgym.buffer.db import Database
 
-RETURNED_COLUMNS = ("content_hash", "trajectory_id", "task_id", "env", "step", "state", "action",
-                    "next_state", "reward", "terminated", "truncated", "won", "lost", "reasoning",
-                    "source", "policy", "model_version")
+RETURNED_COLUMNS = (
+    "content_hash",
+    "trajectory_id",
+    "task_id",
+    "env",
+    "step",
+    "state",
+    "action",
+    "next_state",
+    "reward",
+    "terminated",
+    "truncated",
+    "won",
+    "lost",
+    "reasoning",
+    "source",
+    "policy",
+    "model_version",
+)
 
 
 @dataclass(frozen=True)
@@ -29,7 +45,7 @@ class Filters:
     """Which transitions a query may return (all by default)."""
 
     env: str | None = None
-    source: str | None = None                   # "real" or "synthetic"
+    source: str | None = None  # "real" or "synthetic"
     exclude_trajectory_ids: tuple[str, ...] = ()
     exclude_task_id: str | None = None
 
@@ -68,14 +84,14 @@ def search_parameters(vectors: np.ndarray, per_query: Sequence[Filters], k: int)
         "envs": [f.env for f in per_query],
         "sources": [f.source for f in per_query],
         "excluded_tasks": [f.exclude_task_id for f in per_query],
-        "excluded_trajectories": [Jsonb(list(f.exclude_trajectory_ids)) if f.exclude_trajectory_ids
-                                  else None for f in per_query],
+        "excluded_trajectories": [
+            Jsonb(list(f.exclude_trajectory_ids)) if f.exclude_trajectory_ids else None for f in per_query
+        ],
         "k": k,
     }
 
 
-def configure_session(database: Database, cursor, connection_info: dict, ef_search: int,
-                      filtered: bool) -> None:
+def configure_session(database: Database, cursor, connection_info: dict, ef_search: int, filtered: bool) -> None:
     """Set the HNSW search settings of a pooled connection, sending them only when they change.
 
     Iterative scans (pgvector >= 0.8) keep a filtered query from returning fewer than k rows, and
@@ -92,8 +108,13 @@ def configure_session(database: Database, cursor, connection_info: dict, ef_sear
     connection_info["hnsw"] = wanted
 
 
-def search(database: Database, vectors: np.ndarray, k: int,
-           filters: Filters | Sequence[Filters] = Filters(), ef_search: int = 80) -> list[list[Neighbour]]:
+def search(
+    database: Database,
+    vectors: np.ndarray,
+    k: int,
+    filters: Filters | Sequence[Filters] = Filters(),
+    ef_search: int = 80,
+) -> list[list[Neighbour]]:
     """The k nearest transitions of each query vector (one list per query, most similar first).
 
     `filters` is one `Filters` for every query or one per query.
@@ -108,25 +129,25 @@ def search(database: Database, vectors: np.ndarray, k: int,
         return []
     results: list[list[Neighbour]] = [[] for _ in per_query]
     # The driver's cursor directly: SQLAlchemy's statement and row handling cost ~1 ms a query.
-    with database.reader.connect() as connection:
-        with connection.connection.driver_connection.cursor() as cursor:
-            configure_session(database, cursor, connection.info, ef_search,
-                              filtered=any(f != Filters() for f in per_query))
-            cursor.execute(SEARCH_SQL, search_parameters(vectors, per_query, k))
-            for query_index, similarity, *values in cursor.fetchall():
-                results[query_index - 1].append(Neighbour(float(similarity),
-                                                          dict(zip(RETURNED_COLUMNS, values))))
+    with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
+        configure_session(database, cursor, connection.info, ef_search, filtered=any(f != Filters() for f in per_query))
+        cursor.execute(SEARCH_SQL, search_parameters(vectors, per_query, k))
+        for query_index, similarity, *values in cursor.fetchall():
+            results[query_index - 1].append(Neighbour(float(similarity), dict(zip(RETURNED_COLUMNS, values))))
     return results
 
 
 def stored_embeddings(database: Database, hashes: Sequence[str]) -> dict[str, np.ndarray]:
     """The stored embeddings of those content hashes the buffer holds."""
     with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
-        cursor.execute("SELECT content_hash, embedding FROM transitions "
-                       "WHERE content_hash = ANY(%s) AND embedding IS NOT NULL", (list(hashes),))
-        return {content: np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector,
-                                    dtype=np.float32)
-                for content, vector in cursor.fetchall()}
+        cursor.execute(
+            "SELECT content_hash, embedding FROM transitions WHERE content_hash = ANY(%s) AND embedding IS NOT NULL",
+            (list(hashes),),
+        )
+        return {
+            content: np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector, dtype=np.float32)
+            for content, vector in cursor.fetchall()
+        }
 
 
 def task_instructions(database: Database, task_ids: Iterable[str]) -> dict[str, str]:

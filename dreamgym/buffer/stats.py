@@ -12,18 +12,23 @@ def buffer_stats(database: Database) -> dict:
     with database.engine.connect() as connection:
         by_source_env = [
             {"source": row.source, "env": row.env, "transitions": row.count}
-            for row in connection.execute(text(
-                "SELECT source, env, count(*) FROM transitions GROUP BY source, env ORDER BY 1, 2"))]
-        totals = connection.execute(text(
-            "SELECT (SELECT count(*) FROM transitions) AS transitions,"
-            " (SELECT count(*) FROM transitions WHERE embedding IS NULL) AS without_embedding,"
-            " (SELECT count(*) FROM trajectories) AS trajectories,"
-            " (SELECT count(*) FROM tasks) AS tasks")).one()
-        index = connection.execute(text(
-            "SELECT indexdef FROM pg_indexes WHERE tablename = 'transitions' AND indexname = :name"),
-            {"name": HNSW_INDEX}).scalar()
-        migrations = [row[0] for row in connection.execute(
-            text("SELECT name FROM schema_migrations ORDER BY version"))]
+            for row in connection.execute(
+                text("SELECT source, env, count(*) FROM transitions GROUP BY source, env ORDER BY 1, 2")
+            )
+        ]
+        totals = connection.execute(
+            text(
+                "SELECT (SELECT count(*) FROM transitions) AS transitions,"
+                " (SELECT count(*) FROM transitions WHERE embedding IS NULL) AS without_embedding,"
+                " (SELECT count(*) FROM trajectories) AS trajectories,"
+                " (SELECT count(*) FROM tasks) AS tasks"
+            )
+        ).one()
+        index = connection.execute(
+            text("SELECT indexdef FROM pg_indexes WHERE tablename = 'transitions' AND indexname = :name"),
+            {"name": HNSW_INDEX},
+        ).scalar()
+        migrations = [row[0] for row in connection.execute(text("SELECT name FROM schema_migrations ORDER BY version"))]
     return {
         "transitions": totals.transitions,
         "trajectories": totals.trajectories,

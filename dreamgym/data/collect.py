@@ -29,8 +29,14 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from dreamgym.config import POLICIES, PipelineConfig
-from dreamgym.data.schema import (content_hash, read_metadata, read_transitions, to_table,
-                                  trajectory_id, write_transitions)
+from dreamgym.data.schema import (
+    content_hash,
+    read_metadata,
+    read_transitions,
+    to_table,
+    trajectory_id,
+    write_transitions,
+)
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, load_task
 from dreamgym.errors import DreamgymError
@@ -57,9 +63,13 @@ class CollectionSettings:
 
     @classmethod
     def from_config(cls, config: PipelineConfig) -> CollectionSettings:
-        return cls(policy=config.collect.policy, epsilon=config.collect.epsilon,
-                   episodes_per_game=config.collect.episodes_per_game, seed=config.seed,
-                   max_steps=config.env.max_steps)
+        return cls(
+            policy=config.collect.policy,
+            epsilon=config.collect.epsilon,
+            episodes_per_game=config.collect.episodes_per_game,
+            seed=config.seed,
+            max_steps=config.env.max_steps,
+        )
 
     @property
     def policy_label(self) -> str:
@@ -77,8 +87,9 @@ class CollectionResult:
     reused: bool
 
 
-def choose_action(policy: str, rng: random.Random, epsilon: float, available: Sequence[str],
-                  expert_action: str | None) -> str:
+def choose_action(
+    policy: str, rng: random.Random, epsilon: float, available: Sequence[str], expert_action: str | None
+) -> str:
     """The behaviour policy's action. Without an expert plan (a lost or unwinnable game) the
     expert policies act at random, as there is nothing better to imitate."""
     if not available:
@@ -90,8 +101,9 @@ def choose_action(policy: str, rng: random.Random, epsilon: float, available: Se
     return expert_action
 
 
-def play_episode(env: Env, task: Task, settings: CollectionSettings, episode: int,
-                 run_id: str | None = None) -> list[dict]:
+def play_episode(
+    env: Env, task: Task, settings: CollectionSettings, episode: int, run_id: str | None = None
+) -> list[dict]:
     """One episode as transition records."""
     rng = random.Random(f"{settings.seed}|{task.task_id}|{episode}")
     traj = trajectory_id(env.name, task.task_id, settings.policy_label, settings.seed, episode)
@@ -102,14 +114,28 @@ def play_episode(env: Env, task: Task, settings: CollectionSettings, episode: in
         action = choose_action(settings.policy, rng, settings.epsilon, parse_state(state).actions, expert_action)
         next_state, reward, terminated, truncated, info = env.step(action)
         row = {
-            "env": env.name, "task_id": task.task_id, "instruction": task.instruction,
-            "trajectory_id": traj, "step": step, "state": state, "action": action,
+            "env": env.name,
+            "task_id": task.task_id,
+            "instruction": task.instruction,
+            "trajectory_id": traj,
+            "step": step,
+            "state": state,
+            "action": action,
             "expert_action": expert_action,
-            "next_state": next_state, "reward": reward, "terminated": terminated,
-            "truncated": truncated, "won": info["won"], "lost": info["lost"],
-            "score": info["score"], "max_score": info["max_score"], "reasoning": None,
-            "source": "real", "policy": settings.policy_label, "model_version": None,
-            "run_id": run_id, "created_at": datetime.now(UTC),
+            "next_state": next_state,
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "won": info["won"],
+            "lost": info["lost"],
+            "score": info["score"],
+            "max_score": info["max_score"],
+            "reasoning": None,
+            "source": "real",
+            "policy": settings.policy_label,
+            "model_version": None,
+            "run_id": run_id,
+            "created_at": datetime.now(UTC),
         }
         row["content_hash"] = content_hash(row)
         rows.append(row)
@@ -123,8 +149,11 @@ def _collect_game(game_file: str, settings: CollectionSettings, run_id: str | No
     env = TextWorldEnv(max_steps=settings.max_steps)
     try:
         task = load_task(game_file)
-        return [row for episode in range(settings.episodes_per_game)
-                for row in play_episode(env, task, settings, episode, run_id)]
+        return [
+            row
+            for episode in range(settings.episodes_per_game)
+            for row in play_episode(env, task, settings, episode, run_id)
+        ]
     finally:
         env.close()
 
@@ -146,8 +175,14 @@ def summarize(table: pa.Table) -> dict[str, float]:
     }
 
 
-def collect(games: Sequence[str | Path], out: str | Path, settings: CollectionSettings,
-            workers: int = 2, run_id: str | None = None, progress: bool = True) -> CollectionResult:
+def collect(
+    games: Sequence[str | Path],
+    out: str | Path,
+    settings: CollectionSettings,
+    workers: int = 2,
+    run_id: str | None = None,
+    progress: bool = True,
+) -> CollectionResult:
     """Play `settings.episodes_per_game` episodes on each game and write one Parquet file.
 
     An existing file made from the same games and settings is reused, not collected again.
@@ -178,5 +213,4 @@ def collect(games: Sequence[str | Path], out: str | Path, settings: CollectionSe
                     bar.update()
     table = to_table((row for game in games for row in rows_by_game[str(game)]), metadata)
     write_transitions(table, out)
-    return CollectionResult(path=str(out), seconds=time.perf_counter() - started, reused=False,
-                            **summarize(table))
+    return CollectionResult(path=str(out), seconds=time.perf_counter() - started, reused=False, **summarize(table))

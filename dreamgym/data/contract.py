@@ -58,13 +58,17 @@ def row_violations(row: Mapping[str, Any], reward_range: tuple[float, float] | N
 
 def check_contract(rows: Sequence[Mapping[str, Any]], reward_range: tuple[float, float] | None = None) -> None:
     """Raise a `ContractError` naming the rows that break the contract and why."""
-    broken = [(index, reasons) for index, row in enumerate(rows)
-              if (reasons := row_violations(row, reward_range))]
+    broken = [(index, reasons) for index, row in enumerate(rows) if (reasons := row_violations(row, reward_range))]
     if not broken:
         return
-    shown = "; ".join(f"row {index} (trajectory {rows[index].get('trajectory_id')}, step "
-                      f"{rows[index].get('step')}): {', '.join(reasons)}" for index, reasons in broken[:SHOWN_ROWS])
+    shown = "; ".join(
+        f"row {index} (trajectory {rows[index].get('trajectory_id')}, step "
+        f"{rows[index].get('step')}): {', '.join(reasons)}"
+        for index, reasons in broken[:SHOWN_ROWS]
+    )
     more = f" and {len(broken) - SHOWN_ROWS} more" if len(broken) > SHOWN_ROWS else ""
-    raise ContractError(f"{len(broken)} of {len(rows)} rows break the transition contract, nothing was "
-                        f"written: {shown}{more}. Run `dreamgym validate` on the file: it quarantines "
-                        "such rows with their reasons and writes the clean ones to ingest")
+    raise ContractError(
+        f"{len(broken)} of {len(rows)} rows break the transition contract, nothing was "
+        f"written: {shown}{more}. Run `dreamgym validate` on the file: it quarantines "
+        "such rows with their reasons and writes the clean ones to ingest"
+    )

@@ -52,15 +52,27 @@ class GameSpec:
     @property
     def name(self) -> str:
         flags = "".join(flag for flag, on in (("o", self.open), ("k", self.cook), ("c", self.cut)) if on)
-        return (f"cooking-{self.split}-r{self.recipe}t{self.take}g{self.go}"
-                f"{'-' + flags if flags else ''}-s{self.seed}")
+        return f"cooking-{self.split}-r{self.recipe}t{self.take}g{self.go}{'-' + flags if flags else ''}-s{self.seed}"
 
     def tw_make_args(self, output: Path) -> list[str]:
-        args = ["tw-cooking", "--recipe", str(self.recipe), "--take", str(self.take),
-                "--go", str(self.go), "--split", self.split, "--seed", str(self.seed),
-                "--output", str(output), "--silent", "-f"]
-        args += [f"--{flag}" for flag, on in (("open", self.open), ("cook", self.cook),
-                                              ("cut", self.cut)) if on]
+        args = [
+            "tw-cooking",
+            "--recipe",
+            str(self.recipe),
+            "--take",
+            str(self.take),
+            "--go",
+            str(self.go),
+            "--split",
+            self.split,
+            "--seed",
+            str(self.seed),
+            "--output",
+            str(output),
+            "--silent",
+            "-f",
+        ]
+        args += [f"--{flag}" for flag, on in (("open", self.open), ("cook", self.cook), ("cut", self.cut)) if on]
         return args
 
 
@@ -76,8 +88,10 @@ def plan_games(config: GamesConfig, split: str, count: int, seed: int) -> list[G
     if not 0 <= count <= SEED_STRIDE:
         raise DreamgymError(f"game count must be 0 to {SEED_STRIDE}, got {count}")
     if not 0 <= seed <= MAX_SEED:
-        raise DreamgymError(f"seed {seed} is out of range: use 0 to {MAX_SEED} (game i gets seed * "
-                            f"{SEED_STRIDE} + i, and tw-make takes seeds below 2**32)")
+        raise DreamgymError(
+            f"seed {seed} is out of range: use 0 to {MAX_SEED} (game i gets seed * "
+            f"{SEED_STRIDE} + i, and tw-make takes seeds below 2**32)"
+        )
     specs = []
     for index in range(count):
         game_seed = seed * SEED_STRIDE + index
@@ -85,8 +99,18 @@ def plan_games(config: GamesConfig, split: str, count: int, seed: int) -> list[G
         recipe = rng.choice(config.recipe)
         take = min(rng.choice(config.take), recipe)
         go = rng.choice(config.go)
-        specs.append(GameSpec(split=split, seed=game_seed, recipe=recipe, take=take, go=go,
-                              open=config.open, cook=config.cook, cut=config.cut))
+        specs.append(
+            GameSpec(
+                split=split,
+                seed=game_seed,
+                recipe=recipe,
+                take=take,
+                go=go,
+                open=config.open,
+                cook=config.cook,
+                cut=config.cut,
+            )
+        )
     return specs
 
 
@@ -102,7 +126,7 @@ def _portable(game: dict, target: Path) -> dict:
     """tw-make records where it wrote the game and where TextWorld is installed; keep the final
     file name and the grammar path relative to TextWorld's package, so that the same seed gives a
     byte-identical game on any machine. (Playing never reads the grammar path.)"""
-    import textworld  # noqa: PLC0415 - installed with the project; slow to import
+    import textworld  # installed with the project; slow to import
 
     game.get("metadata", {}).get("settings", {})["output"] = target.name
     knowledge = game.get("KB", {})
@@ -121,8 +145,9 @@ def make_game(spec: GameSpec, out_dir: Path) -> Path:
         # tw-make writes set-ordered lists into the game's JSON; a fixed hash seed makes the
         # whole game (not only the story file) identical for a given seed.
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        done = subprocess.run([_tw_make(), *spec.tw_make_args(output)], capture_output=True,
-                              text=True, env=env, check=False)
+        done = subprocess.run(
+            [_tw_make(), *spec.tw_make_args(output)], capture_output=True, text=True, env=env, check=False
+        )
         if done.returncode != 0 or not output.exists():
             detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise GameGenerationError(f"tw-make failed for {spec.name}: {detail[0]}")
@@ -144,8 +169,9 @@ def is_complete(game: Path) -> bool:
     return True
 
 
-def generate_games(specs: Iterable[GameSpec], out_dir: str | Path, workers: int = 2,
-                   progress: bool = True) -> tuple[list[Path], int]:
+def generate_games(
+    specs: Iterable[GameSpec], out_dir: str | Path, workers: int = 2, progress: bool = True
+) -> tuple[list[Path], int]:
     """Make every game of `specs` that is not already in `out_dir`.
 
     Returns the paths of all the specs' games (in spec order) and how many were made now.
@@ -156,8 +182,10 @@ def generate_games(specs: Iterable[GameSpec], out_dir: str | Path, workers: int 
     paths = [out_dir / f"{spec.name}.z8" for spec in specs]
     todo = [spec for spec, path in zip(specs, paths) if not is_complete(path)]
     if todo:
-        with ThreadPoolExecutor(max_workers=workers) as pool, \
-                tqdm(total=len(todo), desc=f"games → {out_dir}", unit="game", disable=not progress) as bar:
+        with (
+            ThreadPoolExecutor(max_workers=workers) as pool,
+            tqdm(total=len(todo), desc=f"games → {out_dir}", unit="game", disable=not progress) as bar,
+        ):
             futures = [pool.submit(make_game, spec, out_dir) for spec in todo]
             for future in as_completed(futures):
                 future.result()
@@ -169,8 +197,7 @@ def list_games(games_dir: str | Path) -> list[Path]:
     """The complete `.z8` games in a folder, sorted; an error if there are none."""
     games_dir = Path(games_dir)
     if not games_dir.is_dir():
-        raise DreamgymError(f"games folder {games_dir} does not exist; generate games with "
-                            "`dreamgym games --out DIR`")
+        raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
     games = sorted(games_dir.glob("*.z8"))
     if not games:
         raise DreamgymError(f"no .z8 games in {games_dir}; generate games with `dreamgym games`")

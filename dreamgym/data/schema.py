@@ -22,33 +22,35 @@ from dreamgym.errors import DreamgymError
 
 SOURCES = ("real", "synthetic")
 
-TRANSITION_SCHEMA = pa.schema([
-    pa.field("env", pa.string(), nullable=False),
-    pa.field("task_id", pa.string(), nullable=False),
-    pa.field("instruction", pa.string(), nullable=False),
-    pa.field("trajectory_id", pa.string(), nullable=False),
-    pa.field("step", pa.int32(), nullable=False),
-    pa.field("state", pa.string(), nullable=False),
-    pa.field("action", pa.string(), nullable=False),
-    # The environment's expert action from `state` (None: no expert, e.g. synthetic transitions):
-    # a label about the state, outside the content hash, which identifies what happened.
-    pa.field("expert_action", pa.string(), nullable=True),
-    pa.field("next_state", pa.string(), nullable=False),
-    pa.field("reward", pa.float64(), nullable=False),
-    pa.field("terminated", pa.bool_(), nullable=False),
-    pa.field("truncated", pa.bool_(), nullable=False),
-    pa.field("won", pa.bool_(), nullable=False),
-    pa.field("lost", pa.bool_(), nullable=False),
-    pa.field("score", pa.int64(), nullable=False),
-    pa.field("max_score", pa.int64(), nullable=False),
-    pa.field("reasoning", pa.string(), nullable=True),
-    pa.field("source", pa.string(), nullable=False),
-    pa.field("policy", pa.string(), nullable=False),
-    pa.field("model_version", pa.string(), nullable=True),
-    pa.field("run_id", pa.string(), nullable=True),
-    pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
-    pa.field("content_hash", pa.string(), nullable=False),
-])
+TRANSITION_SCHEMA = pa.schema(
+    [
+        pa.field("env", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("instruction", pa.string(), nullable=False),
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("action", pa.string(), nullable=False),
+        # The environment's expert action from `state` (None: no expert, e.g. synthetic transitions):
+        # a label about the state, outside the content hash, which identifies what happened.
+        pa.field("expert_action", pa.string(), nullable=True),
+        pa.field("next_state", pa.string(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("terminated", pa.bool_(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("won", pa.bool_(), nullable=False),
+        pa.field("lost", pa.bool_(), nullable=False),
+        pa.field("score", pa.int64(), nullable=False),
+        pa.field("max_score", pa.int64(), nullable=False),
+        pa.field("reasoning", pa.string(), nullable=True),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("policy", pa.string(), nullable=False),
+        pa.field("model_version", pa.string(), nullable=True),
+        pa.field("run_id", pa.string(), nullable=True),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False),
+    ]
+)
 COLUMNS = tuple(TRANSITION_SCHEMA.names)
 # The same columns with every field nullable: how validation holds rows that lack a required
 # value, so that they can be quarantined rather than refused with the whole file.
@@ -57,8 +59,19 @@ NULLABLE_SCHEMA = pa.schema([field.with_nullable(True) for field in TRANSITION_S
 # Columns added after the first files were written: a file without one reads as all nulls.
 OPTIONAL_COLUMNS = ("expert_action",)
 
-CONTENT_FIELDS = ("env", "task_id", "trajectory_id", "step", "state", "action", "next_state",
-                  "reward", "terminated", "truncated", "source")
+CONTENT_FIELDS = (
+    "env",
+    "task_id",
+    "trajectory_id",
+    "step",
+    "state",
+    "action",
+    "next_state",
+    "reward",
+    "terminated",
+    "truncated",
+    "source",
+)
 METADATA_KEY = b"dreamgym"
 
 
@@ -112,11 +125,14 @@ def check_columns(schema: pa.Schema, path: str | Path) -> None:
     """Raise a `SchemaError` naming every missing column or wrong type."""
     missing = [name for name in COLUMNS if name not in schema.names and name not in OPTIONAL_COLUMNS]
     if missing:
-        raise SchemaError(f"{path}: missing columns {', '.join(missing)}; a transitions file needs "
-                          f"all of: {', '.join(COLUMNS)}")
-    wrong = [f"{field.name} is {schema.field(field.name).type} (expected {field.type})"
-             for field in TRANSITION_SCHEMA
-             if field.name in schema.names and not _same_type(schema.field(field.name).type, field.type)]
+        raise SchemaError(
+            f"{path}: missing columns {', '.join(missing)}; a transitions file needs all of: {', '.join(COLUMNS)}"
+        )
+    wrong = [
+        f"{field.name} is {schema.field(field.name).type} (expected {field.type})"
+        for field in TRANSITION_SCHEMA
+        if field.name in schema.names and not _same_type(schema.field(field.name).type, field.type)
+    ]
     if wrong:
         raise SchemaError(f"{path}: wrong column types: {'; '.join(wrong)}")
 
@@ -138,22 +154,35 @@ def read_transitions(path: str | Path, allow_nulls: bool = False) -> pa.Table:
     try:
         table = pq.read_table(path, columns=[name for name in COLUMNS if name in schema.names])
     except (pa.ArrowException, OSError) as error:  # a damaged page: the footer read, the data did not
-        raise SchemaError(f"{path}: its data cannot be read ({error}); the file is damaged: collect it "
-                          "again (dreamgym collect) or restore it (dvc checkout)") from None
-    table = table.cast(pa.schema([table.schema.field(name).with_type(
-        _EQUIVALENT_TYPES.get(table.schema.field(name).type, table.schema.field(name).type))
-        for name in table.schema.names]))
+        raise SchemaError(
+            f"{path}: its data cannot be read ({error}); the file is damaged: collect it "
+            "again (dreamgym collect) or restore it (dvc checkout)"
+        ) from None
+    table = table.cast(
+        pa.schema(
+            [
+                table.schema.field(name).with_type(
+                    _EQUIVALENT_TYPES.get(table.schema.field(name).type, table.schema.field(name).type)
+                )
+                for name in table.schema.names
+            ]
+        )
+    )
     for name in OPTIONAL_COLUMNS:
         if name not in schema.names:
-            table = table.add_column(COLUMNS.index(name), TRANSITION_SCHEMA.field(name).with_nullable(True),
-                                     pa.nulls(table.num_rows, TRANSITION_SCHEMA.field(name).type))
+            table = table.add_column(
+                COLUMNS.index(name),
+                TRANSITION_SCHEMA.field(name).with_nullable(True),
+                pa.nulls(table.num_rows, TRANSITION_SCHEMA.field(name).type),
+            )
     if allow_nulls:
         return table.cast(NULLABLE_SCHEMA)
-    with_nulls = [name for name in COLUMNS
-                  if not TRANSITION_SCHEMA.field(name).nullable and table[name].null_count]
+    with_nulls = [name for name in COLUMNS if not TRANSITION_SCHEMA.field(name).nullable and table[name].null_count]
     if with_nulls:
-        raise SchemaError(f"{path}: null values in required columns {', '.join(with_nulls)}; "
-                          "`dreamgym validate` quarantines such rows")
+        raise SchemaError(
+            f"{path}: null values in required columns {', '.join(with_nulls)}; "
+            "`dreamgym validate` quarantines such rows"
+        )
     return table.cast(TRANSITION_SCHEMA)
 
 

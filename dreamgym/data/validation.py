@@ -45,8 +45,15 @@ import pyarrow.parquet as pq
 
 from dreamgym.config import ValidationConfig
 from dreamgym.data.contract import hash_matches
-from dreamgym.data.schema import (CONTENT_FIELDS, METADATA_KEY, NULLABLE_SCHEMA, SOURCES, TRANSITION_SCHEMA,
-                                  read_transitions, write_transitions)
+from dreamgym.data.schema import (
+    CONTENT_FIELDS,
+    METADATA_KEY,
+    NULLABLE_SCHEMA,
+    SOURCES,
+    TRANSITION_SCHEMA,
+    read_transitions,
+    write_transitions,
+)
 from dreamgym.errors import DreamgymError
 from dreamgym.state import StateParseError, parse_state
 
@@ -83,24 +90,46 @@ class Check:
 def suite_checks(config: ValidationConfig) -> list[Check]:
     """The table of checks, in the order a row's reasons are listed."""
     lengths, in_set = "ExpectColumnValueLengthsToBeBetween", "ExpectColumnValuesToBeInSet"
-    checks = [Check(f"not_null_{c}", f"{c} is null", "ExpectColumnValuesToNotBeNull", {"column": c})
-              for c in REQUIRED_COLUMNS]
+    checks = [
+        Check(f"not_null_{c}", f"{c} is null", "ExpectColumnValuesToNotBeNull", {"column": c}) for c in REQUIRED_COLUMNS
+    ]
     for column in ("state", "action"):
-        checks.append(Check(f"nonempty_{column}", f"{column} is empty", lengths,
-                            {"column": column, "min_value": 1}))
-    limits = {"state": config.max_text_chars, "next_state": config.max_text_chars,
-              "instruction": config.max_text_chars, "action": config.max_action_chars}
+        checks.append(Check(f"nonempty_{column}", f"{column} is empty", lengths, {"column": column, "min_value": 1}))
+    limits = {
+        "state": config.max_text_chars,
+        "next_state": config.max_text_chars,
+        "instruction": config.max_text_chars,
+        "action": config.max_action_chars,
+    }
     for column, limit in limits.items():
-        checks.append(Check(f"max_length_{column}", f"{column} is longer than {limit} characters",
-                            lengths, {"column": column, "max_value": limit}))
+        checks.append(
+            Check(
+                f"max_length_{column}",
+                f"{column} is longer than {limit} characters",
+                lengths,
+                {"column": column, "max_value": limit},
+            )
+        )
     low, high = config.reward_min, config.reward_max
-    checks.append(Check("reward_range", f"reward outside [{low:g}, {high:g}]",
-                        "ExpectColumnValuesToBeBetween",
-                        {"column": "reward", "min_value": low, "max_value": high}))
-    checks.append(Check("source_in_set", f"source is not one of {', '.join(SOURCES)}", in_set,
-                        {"column": "source", "value_set": list(SOURCES)}))
-    checks += [Check(name, reason, in_set, {"column": name, "value_set": [True]})
-               for name, reason in DERIVED_CHECKS.items()]
+    checks.append(
+        Check(
+            "reward_range",
+            f"reward outside [{low:g}, {high:g}]",
+            "ExpectColumnValuesToBeBetween",
+            {"column": "reward", "min_value": low, "max_value": high},
+        )
+    )
+    checks.append(
+        Check(
+            "source_in_set",
+            f"source is not one of {', '.join(SOURCES)}",
+            in_set,
+            {"column": "source", "value_set": list(SOURCES)},
+        )
+    )
+    checks += [
+        Check(name, reason, in_set, {"column": name, "value_set": [True]}) for name, reason in DERIVED_CHECKS.items()
+    ]
     return checks
 
 
@@ -153,23 +182,25 @@ def derive_checks(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, pd.Series]]
     textworld = frame["env"] == "textworld"
     frame["check_action_available"] = [
         not is_tw or _action_available(state, action)
-        for is_tw, state, action in zip(textworld, frame["state"], frame["action"])]
+        for is_tw, state, action in zip(textworld, frame["state"], frame["action"])
+    ]
     frame["check_expert_action_available"] = [
         not is_tw or pd.isna(expert) or _action_available(state, expert)
-        for is_tw, state, expert in zip(textworld, frame["state"], frame["expert_action"])]
+        for is_tw, state, expert in zip(textworld, frame["state"], frame["expert_action"])
+    ]
     frame["check_unique_content_hash"] = ~duplicate
-    content = frame[list(CONTENT_FIELDS) + ["content_hash"]]
+    content = frame[[*CONTENT_FIELDS, "content_hash"]]
     frame["check_content_hash_matches"] = [
         # a null, or a reward that is not finite, is reported as such, not also as a hash mismatch
         any(pd.isna(value) for value in row.values()) or not math.isfinite(row["reward"]) or hash_matches(row)
-        for row in content.to_dict("records")]
+        for row in content.to_dict("records")
+    ]
     frame["check_reward_finite"] = frame["reward"].isna() | np.isfinite(frame["reward"].astype(float))
 
     first_row = pd.Series(first.index, index=first["content_hash"])
     first_row = first_row[~first_row.index.duplicated()]
     details = {
-        "check_step_contiguous": ("expected " + position.astype(str)
-                                  + ", got " + first["step"].astype(str)),
+        "check_step_contiguous": ("expected " + position.astype(str) + ", got " + first["step"].astype(str)),
         "check_state_parses": state_errors,
         "check_next_state_parses": next_state_errors,
         "check_unique_content_hash": "same as row " + hashes[duplicate].map(first_row).astype(str),
@@ -185,9 +216,12 @@ def _failed_rows(frame: pd.DataFrame, checks: list[Check]) -> tuple[dict[str, li
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)  # no bar per validation
-    batch = (context.data_sources.add_pandas("transitions").add_dataframe_asset("transitions")
-             .add_batch_definition_whole_dataframe("all_rows")
-             .get_batch(batch_parameters={"dataframe": frame}))
+    batch = (
+        context.data_sources.add_pandas("transitions")
+        .add_dataframe_asset("transitions")
+        .add_batch_definition_whole_dataframe("all_rows")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
     suite = gx.ExpectationSuite(name="dreamgym_transitions")
     for check in checks:
         expectation = getattr(gxe, check.expectation)
@@ -199,16 +233,15 @@ def _failed_rows(frame: pd.DataFrame, checks: list[Check]) -> tuple[dict[str, li
         name = item.expectation_config.meta["dreamgym_check"]
         if "unexpected_index_list" not in item.result:
             # The expectation itself errored (GX catches it); no rows can be blamed, so stop.
-            messages = {str(info.get("exception_message")) for info in item.exception_info.values()
-                        if isinstance(info, dict)} or {str(item.exception_info)}
-            raise DreamgymError(f"validation check {name} could not run: "
-                                f"{'; '.join(sorted(messages))}")
+            messages = {
+                str(info.get("exception_message")) for info in item.exception_info.values() if isinstance(info, dict)
+            } or {str(item.exception_info)}
+            raise DreamgymError(f"validation check {name} could not run: {'; '.join(sorted(messages))}")
         failed[name] = [int(index) for index in item.result["unexpected_index_list"]]
     return failed, result.to_json_dict()
 
 
-def _direct_reasons(df: pd.DataFrame, config: ValidationConfig
-                    ) -> tuple[dict[int, list[str]], Counter, dict]:
+def _direct_reasons(df: pd.DataFrame, config: ValidationConfig) -> tuple[dict[int, list[str]], Counter, dict]:
     """Rows failing a check themselves, the count of rows by check reason, and the GX result."""
     frame, details = derive_checks(df.reset_index(drop=True))
     checks = suite_checks(config)
@@ -241,8 +274,9 @@ def quarantine_reasons(df: pd.DataFrame, bad: dict[int, list[str]]) -> dict[int,
         steps = sorted({int(s) for s in rows["step"] if pd.notna(s)})
         label = "step" if len(steps) == 1 else "steps"
         reason = f"{TRAJECTORY_REASON} ({label} {', '.join(map(str, steps))})"
-        members = df.index[df["trajectory_id"].isna()] if pd.isna(trajectory) else \
-            df.index[df["trajectory_id"] == trajectory]
+        members = (
+            df.index[df["trajectory_id"].isna()] if pd.isna(trajectory) else df.index[df["trajectory_id"] == trajectory]
+        )
         for row in members:
             reasons.setdefault(int(row), [reason])
     return dict(sorted(reasons.items()))
@@ -265,10 +299,12 @@ class ValidationResult:
     def summary(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
         trajectories = self.quarantined_trajectories
-        lines = [f"validation {verdict}: {self.valid_rows} of {self.rows} rows valid, "
-                 f"{self.quarantined_rows} quarantined in {trajectories} "
-                 f"{'trajectory' if trajectories == 1 else 'trajectories'}",
-                 f"bad fraction {self.bad_fraction:.2%} (max {self.max_bad_fraction:.2%})"]
+        lines = [
+            f"validation {verdict}: {self.valid_rows} of {self.rows} rows valid, "
+            f"{self.quarantined_rows} quarantined in {trajectories} "
+            f"{'trajectory' if trajectories == 1 else 'trajectories'}",
+            f"bad fraction {self.bad_fraction:.2%} (max {self.max_bad_fraction:.2%})",
+        ]
         if self.rows == 0:
             lines.append("no transitions to validate")
         for reason, count in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:5]:
@@ -294,11 +330,14 @@ def _write_json(payload: dict, path: Path) -> None:
     partial.replace(path)
 
 
-def validate_transitions(path: str | Path, config: ValidationConfig,
-                         quarantine_path: str | Path | None = None,
-                         report_path: str | Path | None = None,
-                         clean_path: str | Path | None = None,
-                         metrics_path: str | Path | None = None) -> ValidationResult:
+def validate_transitions(
+    path: str | Path,
+    config: ValidationConfig,
+    quarantine_path: str | Path | None = None,
+    report_path: str | Path | None = None,
+    clean_path: str | Path | None = None,
+    metrics_path: str | Path | None = None,
+) -> ValidationResult:
     """Validate a transitions file; write the quarantined rows, clean rows, report and summary
     metrics (a small JSON, e.g. for DVC) if asked."""
     path = Path(path)
@@ -315,20 +354,23 @@ def validate_transitions(path: str | Path, config: ValidationConfig,
     trajectories = df.loc[list(quarantined), "trajectory_id"].nunique(dropna=False)
     bad_fraction = len(quarantined) / rows if rows else 0.0
     result = ValidationResult(
-        rows=rows, valid_rows=rows - len(quarantined), quarantined_rows=len(quarantined),
+        rows=rows,
+        valid_rows=rows - len(quarantined),
+        quarantined_rows=len(quarantined),
         quarantined_trajectories=int(trajectories),
-        bad_fraction=bad_fraction, max_bad_fraction=config.max_bad_fraction,
+        bad_fraction=bad_fraction,
+        max_bad_fraction=config.max_bad_fraction,
         # An empty file is a failed collection, not a clean one.
         passed=rows > 0 and bad_fraction <= config.max_bad_fraction,
         reasons=dict(counts.most_common()),
         report_path=str(report_path) if report_path else None,
         quarantine_path=str(quarantine_path) if quarantine_path else None,
-        clean_path=str(clean_path) if clean_path else None)
+        clean_path=str(clean_path) if clean_path else None,
+    )
 
     if quarantine_path:
         bad = table.take(pa.array(list(quarantined), pa.int64())).cast(NULLABLE_SCHEMA)
-        bad = bad.append_column("quarantine_reasons", pa.array(list(quarantined.values()),
-                                                               pa.list_(pa.string())))
+        bad = bad.append_column("quarantine_reasons", pa.array(list(quarantined.values()), pa.list_(pa.string())))
         bad = bad.append_column("row_index", pa.array(list(quarantined), pa.int64()))
         write_transitions(bad, quarantine_path)  # written even when empty: validation ran
     if clean_path:
@@ -343,7 +385,16 @@ def validate_transitions(path: str | Path, config: ValidationConfig,
     if report_path:
         # The same input gives the same report (DVC records it): no load time, no absolute path.
         gx_result.get("meta", {}).get("batch_markers", {}).pop("ge_load_time", None)
-        _write_json({"dreamgym": {"input": path.name, **summary, "summary": result.summary(),
-                                  "checks": {c.name: c.reason for c in suite_checks(config)}},
-                     "great_expectations": gx_result}, Path(report_path))
+        _write_json(
+            {
+                "dreamgym": {
+                    "input": path.name,
+                    **summary,
+                    "summary": result.summary(),
+                    "checks": {c.name: c.reason for c in suite_checks(config)},
+                },
+                "great_expectations": gx_result,
+            },
+            Path(report_path),
+        )
     return result

@@ -24,11 +24,11 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 @dataclass(frozen=True)
 class DataVersion:
-    md5: str            # DVC's directory md5 (".dir" suffix stripped), the dataset version
-    dvc_file: str       # the .dvc file that records it
+    md5: str  # DVC's directory md5 (".dir" suffix stripped), the dataset version
+    dvc_file: str  # the .dvc file that records it
     files: int
     size_bytes: int
-    changed: bool       # whether this call changed the recorded version
+    changed: bool  # whether this call changed the recorded version
 
 
 def _dvc_file(project_dir: Path, data_dir: str) -> Path:
@@ -44,14 +44,19 @@ def read_version(project_dir: str | Path, data_dir: str = "data") -> DataVersion
     md5 = outs[0].get("md5")
     if not md5:
         return None
-    return DataVersion(md5=md5.removesuffix(".dir"), dvc_file=str(dvc_file),
-                       files=int(outs[0].get("nfiles", 1)), size_bytes=int(outs[0].get("size", 0)),
-                       changed=False)
+    return DataVersion(
+        md5=md5.removesuffix(".dir"),
+        dvc_file=str(dvc_file),
+        files=int(outs[0].get("nfiles", 1)),
+        size_bytes=int(outs[0].get("size", 0)),
+        changed=False,
+    )
 
 
 def _dvc(project_dir: Path, *args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project_dir,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=project_dir, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         detail = " ".join((done.stderr or done.stdout).split())
         raise DreamgymError(f"dvc {' '.join(args)} failed in {project_dir}: {detail}")
@@ -73,24 +78,29 @@ def version_data(project_dir: str | Path, data_dir: str = "data") -> DataVersion
     if os.environ.get("DVC_STAGE"):
         recorded = read_version(project_dir, data_dir)
         if recorded is None:
-            raise DreamgymError(f"{_dvc_file(project_dir, data_dir).name} records no data version; run "
-                                "`dreamgym run` once to make and version the data before `dvc repro`")
+            raise DreamgymError(
+                f"{_dvc_file(project_dir, data_dir).name} records no data version; run "
+                "`dreamgym run` once to make and version the data before `dvc repro`"
+            )
         return recorded
     data_path = project_dir / data_dir
     if not data_path.is_dir():
         raise DreamgymError(f"data folder {data_path} does not exist; run `dreamgym run` to make it")
     if data_path.parent != project_dir:
-        raise DreamgymError(f"paths.data_dir must be a folder directly in the project "
-                            f"({project_dir}), got {data_dir}")
+        raise DreamgymError(f"paths.data_dir must be a folder directly in the project ({project_dir}), got {data_dir}")
     ensure_dvc_repo(project_dir)
     before = read_version(project_dir, data_dir)
     _dvc(project_dir, "add", "--quiet", data_path.name)
     after = read_version(project_dir, data_dir)
     if after is None:
         raise DreamgymError(f"dvc add {data_dir} wrote no md5 to {_dvc_file(project_dir, data_dir)}")
-    return DataVersion(md5=after.md5, dvc_file=after.dvc_file, files=after.files,
-                       size_bytes=after.size_bytes,
-                       changed=before is None or before.md5 != after.md5)
+    return DataVersion(
+        md5=after.md5,
+        dvc_file=after.dvc_file,
+        files=after.files,
+        size_bytes=after.size_bytes,
+        changed=before is None or before.md5 != after.md5,
+    )
 
 
 def commit_stage(project_dir: str | Path, stage: str) -> None:

@@ -30,8 +30,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _check_observation(observation: object, where: str) -> None:
-    _require(isinstance(observation, str), f"{where}: observation must be text, got "
-             f"{type(observation).__name__}")
+    _require(isinstance(observation, str), f"{where}: observation must be text, got {type(observation).__name__}")
     try:
         parse_state(observation)
     except StateParseError as error:
@@ -42,25 +41,31 @@ def _check_info(info: object, where: str) -> None:
     _require(isinstance(info, dict), f"{where}: info must be a dict, got {type(info).__name__}")
     missing = [key for key in REQUIRED_INFO_KEYS if key not in info]
     _require(not missing, f"{where}: info lacks {', '.join(missing)}")
-    _require(isinstance(info["won"], bool) and isinstance(info["lost"], bool),
-             f"{where}: info won/lost must be bool")
-    _require(isinstance(info["score"], int | float) and isinstance(info["max_score"], int | float),
-             f"{where}: info score/max_score must be numbers")
-    _require(info["expert_action"] is None or isinstance(info["expert_action"], str),
-             f"{where}: info expert_action must be text or None")
+    _require(isinstance(info["won"], bool) and isinstance(info["lost"], bool), f"{where}: info won/lost must be bool")
+    _require(
+        isinstance(info["score"], int | float) and isinstance(info["max_score"], int | float),
+        f"{where}: info score/max_score must be numbers",
+    )
+    _require(
+        info["expert_action"] is None or isinstance(info["expert_action"], str),
+        f"{where}: info expert_action must be text or None",
+    )
 
 
 def _check_step(result: object, where: str) -> tuple[str, float, bool, bool, dict]:
-    _require(isinstance(result, tuple) and len(result) == 5,
-             f"{where}: step must return (observation, reward, terminated, truncated, info)")
+    _require(
+        isinstance(result, tuple) and len(result) == 5,
+        f"{where}: step must return (observation, reward, terminated, truncated, info)",
+    )
     observation, reward, terminated, truncated, info = result
     _check_observation(observation, where)
-    _require(isinstance(reward, float) and math.isfinite(reward),
-             f"{where}: reward must be a finite float, got {reward!r}")
-    _require(isinstance(terminated, bool) and isinstance(truncated, bool),
-             f"{where}: terminated and truncated must be bool")
-    _require(not (terminated and truncated),
-             f"{where}: an episode is either terminated or truncated, never both")
+    _require(
+        isinstance(reward, float) and math.isfinite(reward), f"{where}: reward must be a finite float, got {reward!r}"
+    )
+    _require(
+        isinstance(terminated, bool) and isinstance(truncated, bool), f"{where}: terminated and truncated must be bool"
+    )
+    _require(not (terminated and truncated), f"{where}: an episode is either terminated or truncated, never both")
     _check_info(info, where)
     return observation, reward, terminated, truncated, info
 
@@ -70,7 +75,7 @@ def _expect_env_error(call, where: str) -> None:
         call()
     except EnvError:
         return
-    except Exception as error:  # noqa: BLE001 - the point is to report the wrong kind of error
+    except Exception as error:
         raise EnvCheckError(f"{where}: expected EnvError, got {type(error).__name__}: {error}") from None
     raise EnvCheckError(f"{where}: expected EnvError, but the call succeeded")
 
@@ -86,8 +91,7 @@ def check_env(make_env, tasks: Sequence[Task], seed: int = 0) -> None:
     fresh: Env = make_env()
     try:
         _require(isinstance(fresh, Env), f"{type(fresh).__name__} lacks reset/step/close/name/max_steps")
-        _require(isinstance(fresh.max_steps, int) and fresh.max_steps >= 1,
-                 "max_steps must be a positive int")
+        _require(isinstance(fresh.max_steps, int) and fresh.max_steps >= 1, "max_steps must be a positive int")
         _expect_env_error(lambda: fresh.step("look"), "step before reset")
     finally:
         fresh.close()
@@ -98,13 +102,11 @@ def check_env(make_env, tasks: Sequence[Task], seed: int = 0) -> None:
         for task in tasks:
             where = f"task {task.task_id}"
             first = env.reset(task)
-            _require(isinstance(first, tuple) and len(first) == 2,
-                     f"{where}: reset must return (observation, info)")
+            _require(isinstance(first, tuple) and len(first) == 2, f"{where}: reset must return (observation, info)")
             _check_observation(first[0], f"{where} reset")
             _check_info(first[1], f"{where} reset")
             again, _ = env.reset(task)
-            _require(again == first[0], f"{where}: two resets to the same task gave different "
-                     "observations")
+            _require(again == first[0], f"{where}: two resets to the same task gave different observations")
             _require(bool(parse_state(again).actions), f"{where}: no available actions at reset")
 
             _check_step(env.step(UNKNOWN_ACTION), f"{where} unknown action")
@@ -113,12 +115,15 @@ def check_env(make_env, tasks: Sequence[Task], seed: int = 0) -> None:
             while not ended:
                 actions = parse_state(observation).actions or (UNKNOWN_ACTION,)
                 observation, _, terminated, truncated, _ = _check_step(
-                    env.step(rng.choice(actions)), f"{where} step {steps}")
+                    env.step(rng.choice(actions)), f"{where} step {steps}"
+                )
                 steps += 1
                 ended = terminated or truncated
                 _require(steps <= env.max_steps, f"{where}: ran past max_steps={env.max_steps}")
-                _require(not truncated or steps == env.max_steps,
-                         f"{where}: truncated at step {steps}, before max_steps={env.max_steps}")
+                _require(
+                    not truncated or steps == env.max_steps,
+                    f"{where}: truncated at step {steps}, before max_steps={env.max_steps}",
+                )
             _expect_env_error(lambda: env.step("look"), f"{where} step after the episode ended")
     finally:
         env.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from dreamgym.data.schema import content_hash, trajectory_id
 from dreamgym.envs.base import EnvError, Info, StepResult, Task
@@ -55,31 +55,41 @@ class DreamEnv:
 
     name = ENV_NAME
 
-    def __init__(self, model: ExperienceModel, max_steps: int = 50, *, slot: int = 0,
-                 model_version: str = "unversioned", policy: str = "unknown",
-                 run_id: str | None = None, record: bool = True):
+    def __init__(
+        self,
+        model: ExperienceModel,
+        max_steps: int = 50,
+        *,
+        slot: int = 0,
+        model_version: str = "unversioned",
+        policy: str = "unknown",
+        run_id: str | None = None,
+        record: bool = True,
+    ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         self.model, self.max_steps, self.slot = model, max_steps, slot
         self.model_version, self.policy, self.run_id, self.record = model_version, policy, run_id, record
-        self.failures = 0      # steps whose prediction did not parse, over this env's life
-        self.model_steps = 0   # steps the model predicted (failures included)
+        self.failures = 0  # steps whose prediction did not parse, over this env's life
+        self.model_steps = 0  # steps the model predicted (failures included)
         self._episode: _Episode | None = None
         self._episodes = 0
         self._recorded: list[dict] = []
 
     def reset(self, task: Task) -> tuple[str, Info]:
         if not task.initial_state:
-            raise EnvError(f"task {task.task_id} has no initial_state: DreamEnv starts from one "
-                           "(seed tasks come from the buffer's real initial states)")
+            raise EnvError(
+                f"task {task.task_id} has no initial_state: DreamEnv starts from one "
+                "(seed tasks come from the buffer's real initial states)"
+            )
         try:
             state = parse_state(task.initial_state)
         except StateParseError as error:
-            raise EnvError(f"task {task.task_id}: initial_state is not an abstract state "
-                           f"({error})") from None
+            raise EnvError(f"task {task.task_id}: initial_state is not an abstract state ({error})") from None
         self._episodes += 1
-        tid = trajectory_id(ENV_NAME, task.task_id, self.model_version, self.policy, self.run_id,
-                            self.slot, self._episodes)
+        tid = trajectory_id(
+            ENV_NAME, task.task_id, self.model_version, self.policy, self.run_id, self.slot, self._episodes
+        )
         self._episode = _Episode(task, tid, state)
         return format_state(state), self._info(None)
 
@@ -111,13 +121,24 @@ class DreamEnv:
 
     def _query(self, action: str) -> Query:
         episode = self._episode
-        return Query(instruction=episode.task.instruction, state=episode.state, action=action,
-                     history=tuple(episode.history[-self.model.config.history:])
-                     if self.model.config.history else (),
-                     trajectory_id=episode.trajectory_id)
+        return Query(
+            instruction=episode.task.instruction,
+            state=episode.state,
+            action=action,
+            history=tuple(episode.history[-self.model.config.history :]) if self.model.config.history else (),
+            trajectory_id=episode.trajectory_id,
+        )
 
-    def _advance(self, action: str, next_state: AbstractState, reward: float, terminated: bool,
-                 failure: str | None, predicted: bool, reasoning: str | None = None) -> StepResult:
+    def _advance(
+        self,
+        action: str,
+        next_state: AbstractState,
+        reward: float,
+        terminated: bool,
+        failure: str | None,
+        predicted: bool,
+        reasoning: str | None = None,
+    ) -> StepResult:
         episode = self._episode
         state = episode.state
         episode.steps += 1
@@ -126,8 +147,9 @@ class DreamEnv:
         episode.done = terminated or truncated
         won = terminated and reward > 0
         if predicted and self.record:
-            self._recorded.append(self._row(episode, state, action, next_state, reward,
-                                            terminated, truncated, won, reasoning))
+            self._recorded.append(
+                self._row(episode, state, action, next_state, reward, terminated, truncated, won, reasoning)
+            )
         episode.history.append(Step(action, reward, state.location))
         episode.state = next_state
         info = self._info(failure)
@@ -136,25 +158,55 @@ class DreamEnv:
 
     def _info(self, failure: str | None) -> Info:
         episode = self._episode
-        info: Info = {"won": False, "lost": False, "score": episode.score,
-                      "max_score": float(episode.task.max_score or 0),
-                      "expert_action": None, "task_id": episode.task.task_id,
-                      "step": episode.steps, "model_failure": failure, "reasoning": None,
-                      "model_failures": self.failures}
+        info: Info = {
+            "won": False,
+            "lost": False,
+            "score": episode.score,
+            "max_score": float(episode.task.max_score or 0),
+            "expert_action": None,
+            "task_id": episode.task.task_id,
+            "step": episode.steps,
+            "model_failure": failure,
+            "reasoning": None,
+            "model_failures": self.failures,
+        }
         return info
 
-    def _row(self, episode: _Episode, state: AbstractState, action: str, next_state: AbstractState,
-             reward: float, terminated: bool, truncated: bool, won: bool,
-             reasoning: str | None) -> dict:
-        row = {"env": episode.task.env, "task_id": episode.task.task_id,
-               "instruction": episode.task.instruction, "trajectory_id": episode.trajectory_id,
-               "step": episode.steps - 1, "state": format_state(state), "action": action,
-               "next_state": format_state(next_state), "reward": float(reward),
-               "terminated": terminated, "truncated": truncated, "won": won,
-               "lost": terminated and not won, "score": round(episode.score),
-               "max_score": int(episode.task.max_score or 0), "reasoning": reasoning,
-               "source": "synthetic", "policy": self.policy, "model_version": self.model_version,
-               "run_id": self.run_id, "created_at": datetime.now(timezone.utc)}
+    def _row(
+        self,
+        episode: _Episode,
+        state: AbstractState,
+        action: str,
+        next_state: AbstractState,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        won: bool,
+        reasoning: str | None,
+    ) -> dict:
+        row = {
+            "env": episode.task.env,
+            "task_id": episode.task.task_id,
+            "instruction": episode.task.instruction,
+            "trajectory_id": episode.trajectory_id,
+            "step": episode.steps - 1,
+            "state": format_state(state),
+            "action": action,
+            "next_state": format_state(next_state),
+            "reward": float(reward),
+            "terminated": terminated,
+            "truncated": truncated,
+            "won": won,
+            "lost": terminated and not won,
+            "score": round(episode.score),
+            "max_score": int(episode.task.max_score or 0),
+            "reasoning": reasoning,
+            "source": "synthetic",
+            "policy": self.policy,
+            "model_version": self.model_version,
+            "run_id": self.run_id,
+            "created_at": datetime.now(UTC),
+        }
         row["content_hash"] = content_hash(row)
         return row
 
@@ -172,8 +224,7 @@ def step_together(envs: Sequence[DreamEnv], actions: Sequence[str]) -> list[Step
         if not isinstance(action, str):
             raise EnvError(f"actions are text, got {type(action).__name__}")
     episodes = [env._running() for env in envs]
-    asked = [i for i, (episode, action) in enumerate(zip(episodes, actions))
-             if action in episode.state.actions]
+    asked = [i for i, (episode, action) in enumerate(zip(episodes, actions)) if action in episode.state.actions]
     predictions = envs[asked[0]].model.predict([envs[i]._query(actions[i]) for i in asked]) if asked else []
     by_index = dict(zip(asked, predictions))
     results = []
@@ -185,11 +236,18 @@ def step_together(envs: Sequence[DreamEnv], actions: Sequence[str]) -> list[Step
         env.model_steps += 1
         if not prediction.ok:
             env.failures += 1
-            results.append(env._advance(action, episode.state, 0.0, False, prediction.error,
-                                        predicted=False))
+            results.append(env._advance(action, episode.state, 0.0, False, prediction.error, predicted=False))
             continue
         completion = prediction.completion
-        results.append(env._advance(action, completion.next_state, completion.reward,
-                                    completion.done, None, predicted=True,
-                                    reasoning=completion.reasoning))
+        results.append(
+            env._advance(
+                action,
+                completion.next_state,
+                completion.reward,
+                completion.done,
+                None,
+                predicted=True,
+                reasoning=completion.reasoning,
+            )
+        )
     return results

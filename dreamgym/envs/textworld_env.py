@@ -26,8 +26,7 @@ ENV_NAME = "textworld"
 
 # Unary facts that describe what a player can see change: door/container state, how food was cut
 # or cooked. Static properties (edible, cuttable, ...) and defaults (raw, uncut) are left out.
-_STATE_PREDICATES = ("locked", "closed", "open", "sliced", "diced", "chopped",
-                     "roasted", "fried", "grilled", "burned")
+_STATE_PREDICATES = ("locked", "closed", "open", "sliced", "diced", "chopped", "roasted", "fried", "grilled", "burned")
 _HIDDEN_TYPES = {"P", "I", "r", "RECIPE", "ingredient"}
 _Z8_HEADER_BYTES = 64
 
@@ -49,14 +48,15 @@ def check_game_file(game_file: str | Path) -> Path:
     declared_length = int.from_bytes(story[0x1A:0x1C], "big") * 8
     declared_checksum = int.from_bytes(story[0x1C:0x1E], "big")
     if declared_length > len(story):
-        raise GameFileError(f"game file {path} is truncated ({len(story)} of "
-                            f"{declared_length} bytes); regenerate it")
+        raise GameFileError(f"game file {path} is truncated ({len(story)} of {declared_length} bytes); regenerate it")
     if sum(story[_Z8_HEADER_BYTES:declared_length]) % 0x10000 != declared_checksum:
         raise GameFileError(f"game file {path} is corrupt (checksum mismatch); regenerate it")
     metadata = path.with_suffix(".json")
     if not metadata.is_file():
-        raise GameFileError(f"game file {path} has no {metadata.name} beside it (TextWorld needs "
-                            "it for facts and admissible commands); regenerate the game")
+        raise GameFileError(
+            f"game file {path} has no {metadata.name} beside it (TextWorld needs "
+            "it for facts and admissible commands); regenerate the game"
+        )
     try:
         json.loads(metadata.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -89,16 +89,18 @@ def compact_recipe(recipe_text: str) -> str:
         parts[heading.lower()] = items
     if not parts:
         return ""
-    return (f"Recipe: ingredients: {', '.join(parts.get('ingredients', []))}. "
-            f"directions: {'; '.join(parts.get('directions', []))}.")
+    return (
+        f"Recipe: ingredients: {', '.join(parts.get('ingredients', []))}. "
+        f"directions: {'; '.join(parts.get('directions', []))}."
+    )
 
 
 def state_from_facts(facts, admissible_commands) -> AbstractState:
     """Build the abstract state from TextWorld facts (`Proposition`s) and admissible commands."""
     unary: dict[str, list[str]] = {}
-    placed_at: dict[str, str] = {}    # object -> room
-    placed_on: dict[str, str] = {}    # object -> supporter
-    placed_in: dict[str, str] = {}    # object -> container (or "I" for the inventory)
+    placed_at: dict[str, str] = {}  # object -> room
+    placed_on: dict[str, str] = {}  # object -> supporter
+    placed_in: dict[str, str] = {}  # object -> container (or "I" for the inventory)
     doors: dict[str, list[str]] = {}  # room -> doors leading out of it
     types: dict[str, str] = {}
     room = None
@@ -139,8 +141,12 @@ def state_from_facts(facts, admissible_commands) -> AbstractState:
         if container in in_room and not is_closed(container):
             visible.append(describe(thing, f"in {container}"))
     inventory = [describe(name) for name, where in placed_in.items() if where == "I"]
-    return AbstractState(location=room, visible=tuple(set(visible)), inventory=tuple(inventory),
-                         actions=tuple(sorted(set(admissible_commands))))
+    return AbstractState(
+        location=room,
+        visible=tuple(set(visible)),
+        inventory=tuple(inventory),
+        actions=tuple(sorted(set(admissible_commands))),
+    )
 
 
 class TextWorldEnv:
@@ -161,17 +167,23 @@ class TextWorldEnv:
         self._last_state = None
 
     def reset(self, task: Task) -> tuple[str, Info]:
-        import textworld  # noqa: PLC0415 - slow import, only when a game is played
+        import textworld  # slow import, only when a game is played
 
         if task.game_file is None:
-            raise EnvError(f"task {task.task_id} has no game file; TextWorld tasks come from "
-                           "`load_task(game_file)`")
+            raise EnvError(f"task {task.task_id} has no game file; TextWorld tasks come from `load_task(game_file)`")
         game_file = str(check_game_file(task.game_file))
         if game_file != self._game_file:
             self.close()
-            infos = textworld.EnvInfos(facts=True, admissible_commands=True, policy_commands=True,
-                                       won=True, lost=True, score=True, max_score=True,
-                                       objective=True)
+            infos = textworld.EnvInfos(
+                facts=True,
+                admissible_commands=True,
+                policy_commands=True,
+                won=True,
+                lost=True,
+                score=True,
+                max_score=True,
+                objective=True,
+            )
             with warnings.catch_warnings():
                 # Jericho does not know TextWorld's generated games and says so on every load;
                 # scores come from TextWorld's own state tracking, which is exact.

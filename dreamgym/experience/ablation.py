@@ -20,13 +20,19 @@ VARIANTS = {
     "no history (h=0)": {"history": 0},
     "no reasoning": {"reasoning": False},
 }
-COLUMNS = (("next_state_exact_match", "next state exact"), ("reward_accuracy", "reward acc."),
-           ("done_accuracy", "done acc."), ("parse_failure_rate", "parse failures"))
+COLUMNS = (
+    ("next_state_exact_match", "next state exact"),
+    ("reward_accuracy", "reward acc."),
+    ("done_accuracy", "done acc."),
+    ("parse_failure_rate", "parse failures"),
+)
 
 
 def variant_configs(config: PipelineConfig) -> dict[str, PipelineConfig]:
-    return {name: dataclasses.replace(config, experience=dataclasses.replace(config.experience, **changes))
-            for name, changes in VARIANTS.items()}
+    return {
+        name: dataclasses.replace(config, experience=dataclasses.replace(config.experience, **changes))
+        for name, changes in VARIANTS.items()
+    }
 
 
 def ablation_rows(results: dict[str, dict]) -> list[dict]:
@@ -46,8 +52,11 @@ def markdown(rows: list[dict]) -> str:
     lines = [header, "|---" * (len(COLUMNS) + 2) + "|"]
     for row in rows:
         last = row["open_loop_exact_at_last_step"]
-        lines.append(f"| {row['variant']} | " + " | ".join(f"{row[key]:.1%}" for key, _ in COLUMNS)
-                     + f" | {'-' if last is None else f'{last:.1%}'} |")
+        lines.append(
+            f"| {row['variant']} | "
+            + " | ".join(f"{row[key]:.1%}" for key, _ in COLUMNS)
+            + f" | {'-' if last is None else f'{last:.1%}'} |"
+        )
     return "\n".join(lines)
 
 
@@ -56,11 +65,17 @@ def plot(rows: list[dict], path: Path) -> Path:
     width = 0.8 / len(rows)
     figure, axis = new_figure(7, 4)
     for offset, row in enumerate(rows):
-        axis.bar([i + offset * width for i in range(len(metrics))], [row[key] for key, _ in metrics],
-                 width, label=row["variant"])
-    axis.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(metrics))],
-                    [label for _, label in metrics])
-    axis.set(ylim=(0, 1.05), ylabel="on held-out real transitions",
-             title="Experience model ablations (same data, seed and budget)")
+        axis.bar(
+            [i + offset * width for i in range(len(metrics))],
+            [row[key] for key, _ in metrics],
+            width,
+            label=row["variant"],
+        )
+    axis.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(metrics))], [label for _, label in metrics])
+    axis.set(
+        ylim=(0, 1.05),
+        ylabel="on held-out real transitions",
+        title="Experience model ablations (same data, seed and budget)",
+    )
     axis.legend(fontsize=8)
     return save_figure(figure, path)

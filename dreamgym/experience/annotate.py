@@ -33,7 +33,7 @@ class _Thing(NamedTuple):
 
     held: bool
     states: tuple[str, ...]  # e.g. ("sliced", "roasted"), as the state writes them
-    place: str | None        # e.g. "on counter"; None in the inventory or lying in the room
+    place: str | None  # e.g. "on counter"; None in the inventory or lying in the room
 
 
 def _things(state: AbstractState) -> dict[str, _Thing]:
@@ -41,7 +41,7 @@ def _things(state: AbstractState) -> dict[str, _Thing]:
     for held, items in ((False, state.visible), (True, state.inventory)):
         for item in items:
             name = item_name(item)
-            descriptors = item[len(name) + 2:-1].split(", ") if item != name else []
+            descriptors = item[len(name) + 2 : -1].split(", ") if item != name else []
             place = next((d for d in descriptors if d.startswith(("on ", "in "))), None)
             things[name] = _Thing(held, tuple(d for d in descriptors if d != place), place)
     return things
@@ -111,9 +111,15 @@ _FALLS = "The score falls by {}."
 _UNCHANGED = "The score does not change."
 _ENDS = "the episode ends."
 # What `describe_change` says of the reward and the end, read back (`stated_outcome`).
-_STATED_SCORE = re.compile("|".join([re.escape(_RISES).replace(r"\{\}", r"(?P<rise>[0-9][0-9.e+-]*)"),
-                                     re.escape(_FALLS).replace(r"\{\}", r"(?P<fall>[0-9][0-9.e+-]*)"),
-                                     re.escape(_UNCHANGED)]))
+_STATED_SCORE = re.compile(
+    "|".join(
+        [
+            re.escape(_RISES).replace(r"\{\}", r"(?P<rise>[0-9][0-9.e+-]*)"),
+            re.escape(_FALLS).replace(r"\{\}", r"(?P<fall>[0-9][0-9.e+-]*)"),
+            re.escape(_UNCHANGED),
+        ]
+    )
+)
 
 
 def _score_change(reward: float) -> str:
@@ -136,21 +142,26 @@ def stated_outcome(trace: str) -> tuple[float, bool] | None:
 
     The experience model writes its trace first: decoding holds the reward and done it then
     writes to what the trace said (`constrain.py`), as the annotator's traces always agree."""
-    found = None
-    for found in _STATED_SCORE.finditer(trace):  # the last: the others are the effects' words
-        pass
+    # the last match: the others are the effects' words
+    found = next(iter(reversed(list(_STATED_SCORE.finditer(trace)))), None)
     if found is None:
         return None
     try:
-        reward = (float(found["rise"]) if found["rise"] else
-                  -float(found["fall"]) if found["fall"] else 0.0)
+        reward = float(found["rise"]) if found["rise"] else -float(found["fall"]) if found["fall"] else 0.0
     except ValueError:  # a number the model garbled, e.g. "1.2.3"
         return None
-    return reward, _ENDS in trace[found.end():].lower()
+    return reward, _ENDS in trace[found.end() :].lower()
 
 
-def describe_change(state: AbstractState, action: str, next_state: AbstractState, reward: float,
-                    done: bool, won: bool | None = None, task: str | None = None) -> str:
+def describe_change(
+    state: AbstractState,
+    action: str,
+    next_state: AbstractState,
+    reward: float,
+    done: bool,
+    won: bool | None = None,
+    task: str | None = None,
+) -> str:
     """A faithful 1-3 sentence trace of a step, from the states alone.
 
     `action` and `task` are not used: the trace says what the states show, not what the action
@@ -163,9 +174,11 @@ def describe_change(state: AbstractState, action: str, next_state: AbstractState
     return " ".join(sentences)
 
 
-_SYSTEM_PROMPT = ("You explain one step of a text game. Answer in 1 to 3 short sentences, stating "
-                  "only what follows from the task, the two states and the reward: what the action "
-                  "changed, why the score changed, and whether the episode ended.")
+_SYSTEM_PROMPT = (
+    "You explain one step of a text game. Answer in 1 to 3 short sentences, stating "
+    "only what follows from the task, the two states and the reward: what the action "
+    "changed, why the score changed, and whether the episode ended."
+)
 
 
 class OpenAIAnnotator:
@@ -176,34 +189,47 @@ class OpenAIAnnotator:
         self.model = model
         self.timeout = timeout
 
-    def __call__(self, state: AbstractState, action: str, next_state: AbstractState, reward: float,
-                 done: bool, won: bool | None = None, task: str | None = None) -> str:
-        ending = ("no" if not done else "yes" if won is None
-                  else f"yes, the task is {'won' if won else 'lost'}")
-        question = ((f"Task: {task}\n\n" if task else "") +
-                    f"State:\n{format_state(state)}\n\nAction: {action}\n\n"
-                    f"Next state:\n{format_state(next_state)}\n\n"
-                    f"Reward: {format_number(reward)}. Episode ended: {ending}.")
+    def __call__(
+        self,
+        state: AbstractState,
+        action: str,
+        next_state: AbstractState,
+        reward: float,
+        done: bool,
+        won: bool | None = None,
+        task: str | None = None,
+    ) -> str:
+        ending = "no" if not done else "yes" if won is None else f"yes, the task is {'won' if won else 'lost'}"
+        question = (
+            (f"Task: {task}\n\n" if task else "") + f"State:\n{format_state(state)}\n\nAction: {action}\n\n"
+            f"Next state:\n{format_state(next_state)}\n\n"
+            f"Reward: {format_number(reward)}. Episode ended: {ending}."
+        )
         return self._ask(question)
 
     def _ask(self, question: str) -> str:
         """The model's answer on one line; `AnnotatorError` when there is none to use."""
-        body = {"model": self.model, "temperature": 0, "max_tokens": 200,
-                "messages": [{"role": "system", "content": _SYSTEM_PROMPT},
-                             {"role": "user", "content": question}]}
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": 200,
+            "messages": [{"role": "system", "content": _SYSTEM_PROMPT}, {"role": "user", "content": question}],
+        }
         try:
             response = httpx.post(self.url, json=body, timeout=self.timeout)
         except httpx.HTTPError as error:
-            raise AnnotatorError(f"annotator {self.url}: request failed ({error}); check "
-                                 "experience.annotator_url and that the server is up") from None
+            raise AnnotatorError(
+                f"annotator {self.url}: request failed ({error}); check "
+                "experience.annotator_url and that the server is up"
+            ) from None
         if response.status_code != 200:
-            raise AnnotatorError(f"annotator {self.url}: HTTP {response.status_code}: "
-                                 f"{response.text[:200]}")
+            raise AnnotatorError(f"annotator {self.url}: HTTP {response.status_code}: {response.text[:200]}")
         try:
             answer = response.json()["choices"][0]["message"]["content"] or ""
         except (ValueError, KeyError, IndexError, TypeError):
-            raise AnnotatorError(f"annotator {self.url}: not a chat-completions answer: "
-                                 f"{response.text[:200]}") from None
+            raise AnnotatorError(
+                f"annotator {self.url}: not a chat-completions answer: {response.text[:200]}"
+            ) from None
         trace = " ".join(answer.split())
         if not trace:
             raise AnnotatorError(f"annotator {self.url}: model {self.model!r} gave an empty answer")

@@ -29,19 +29,25 @@ _RENAMED_STATES = ("state", "next_state")
 
 def renamable_names(rows: Iterable[Mapping]) -> frozenset[str]:
     """Names of the objects ever carried (seen in an inventory) in `rows`' states."""
-    return frozenset(item_name(item) for row in rows for column in _RENAMED_STATES
-                     for item in parse_state(row[column]).inventory)
+    return frozenset(
+        item_name(item) for row in rows for column in _RENAMED_STATES for item in parse_state(row[column]).inventory
+    )
 
 
 def object_names(rows: Iterable[Mapping]) -> frozenset[str]:
     """Names of every object seen (visible or carried) in `rows`' states."""
-    return frozenset(item_name(item) for row in rows for column in _RENAMED_STATES
-                     for state in [parse_state(row[column])]
-                     for item in state.visible + state.inventory)
+    return frozenset(
+        item_name(item)
+        for row in rows
+        for column in _RENAMED_STATES
+        for state in [parse_state(row[column])]
+        for item in state.visible + state.inventory
+    )
 
 
-def invented_names(names: Sequence[str], rng: random.Random, vocabulary: Sequence[str],
-                   avoid: Iterable[str] = ()) -> dict[str, str]:
+def invented_names(
+    names: Sequence[str], rng: random.Random, vocabulary: Sequence[str], avoid: Iterable[str] = ()
+) -> dict[str, str]:
     """A distinct new name for each of `names`, none equal to a name being replaced or to one in
     `avoid` (the objects that keep their names: two objects must never share one)."""
     taken = set(names) | set(avoid)
@@ -56,16 +62,17 @@ def invented_names(names: Sequence[str], rng: random.Random, vocabulary: Sequenc
 
 
 def _invent(rng: random.Random, vocabulary: Sequence[str]) -> str:
-    words = [rng.choice(vocabulary) if vocabulary and rng.random() < 0.5 else _made_up_word(rng)
-             for _ in range(rng.randint(1, 3))]
+    words = [
+        rng.choice(vocabulary) if vocabulary and rng.random() < 0.5 else _made_up_word(rng)
+        for _ in range(rng.randint(1, 3))
+    ]
     return " ".join(words)
 
 
 def _made_up_word(rng: random.Random) -> str:
     """Two or three consonant-vowel syllables, maybe a final consonant: never a short English
     word such as 'on', 'in' or 'with' that the game's commands are made of."""
-    syllables = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS)
-                        for _ in range(rng.randint(2, 3)))
+    syllables = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(2, 3)))
     return syllables + (rng.choice(_CONSONANTS) if rng.random() < 0.5 else "")
 
 
@@ -97,10 +104,12 @@ class Renamer:
 
     def abstract(self, state: AbstractState) -> AbstractState:
         """`state` with names replaced (AbstractState sorts its lists again)."""
-        return AbstractState(location=self.text(state.location),
-                             visible=tuple(self.text(item) for item in state.visible),
-                             inventory=tuple(self.text(item) for item in state.inventory),
-                             actions=tuple(self.text(item) for item in state.actions))
+        return AbstractState(
+            location=self.text(state.location),
+            visible=tuple(self.text(item) for item in state.visible),
+            inventory=tuple(self.text(item) for item in state.inventory),
+            actions=tuple(self.text(item) for item in state.actions),
+        )
 
     def state(self, text: str) -> str:
         """A state's text with names replaced, its lists sorted again."""
@@ -120,5 +129,8 @@ class Renamer:
 def names_in(rows: Iterable[Mapping], names: frozenset[str]) -> list[str]:
     """Which of `names` occur in the rows' text, sorted (for a deterministic draw)."""
     finder = Renamer({name: name for name in names})
-    return sorted(set().union(*(finder.found(row[column]) for row in rows
-                                for column in _RENAMED_TEXT + _RENAMED_STATES if column in row)))
+    return sorted(
+        set().union(
+            *(finder.found(row[column]) for row in rows for column in _RENAMED_TEXT + _RENAMED_STATES if column in row)
+        )
+    )

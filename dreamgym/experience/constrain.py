@@ -34,8 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from dreamgym.experience.annotate import stated_outcome
-from dreamgym.experience.format import (SAME_AS, FormatError, fits, format_number, removal_texts,
-                                        resolve_reference)
+from dreamgym.experience.format import SAME_AS, FormatError, fits, format_number, removal_texts, resolve_reference
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
@@ -52,7 +51,7 @@ def _list_line(generated: str) -> tuple[str, str, list[str]] | None:
     start = generated.rfind(_OPEN)
     if start < 0 or _CLOSE in generated[start:]:
         return None
-    match = _LIST_LINE.fullmatch(generated[start + len(_OPEN):].rsplit("\n", 1)[-1])
+    match = _LIST_LINE.fullmatch(generated[start + len(_OPEN) :].rsplit("\n", 1)[-1])
     return (match[1], match[2], match[3].split(ITEM_SEPARATOR)) if match else None
 
 
@@ -70,8 +69,7 @@ def repeated_entries(state: AbstractState, generated: str) -> tuple[str, set[str
 
 def fitting_references(state: AbstractState, examples: Sequence[str]) -> list[str]:
     """The references (`same as example i`) whose example's change applies to `state`."""
-    return [SAME_AS.format(number) for number, changes in enumerate(examples, start=1)
-            if fits(state, changes)]
+    return [SAME_AS.format(number) for number, changes in enumerate(examples, start=1) if fits(state, changes)]
 
 
 def _reference_line(generated: str) -> str | None:
@@ -79,7 +77,7 @@ def _reference_line(generated: str) -> str | None:
     start = generated.rfind(_OPEN)
     if start < 0:
         return None
-    written = generated[start + len(_OPEN):]
+    written = generated[start + len(_OPEN) :]
     return None if "\n" in written else written
 
 
@@ -105,7 +103,7 @@ def stated_tail(generated: str, traces: Sequence[str | None] = ()) -> tuple[str,
         return None
     reward, done = outcome
     tail = f"\n<reward>{format_number(reward)}</reward>\n<done>{'true' if done else 'false'}</done>"
-    return generated[closed + len(_CLOSE):], tail
+    return generated[closed + len(_CLOSE) :], tail
 
 
 def _removal(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tuple[str, list[str]] | None:
@@ -138,27 +136,37 @@ class DeltaConstraint:
     traces), or the trace of the example it names (`traces`: `format.example_traces`, per
     prompt)."""
 
-    def __init__(self, tokenizer, states: Sequence[AbstractState], prompt_length: int,
-                 examples: Sequence[Sequence[str]] | None = None, stated: bool = False,
-                 traces: Sequence[Sequence[str | None]] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        states: Sequence[AbstractState],
+        prompt_length: int,
+        examples: Sequence[Sequence[str]] | None = None,
+        stated: bool = False,
+        traces: Sequence[Sequence[str | None]] | None = None,
+    ):
         self.states, self.prompt_length, self.stated = list(states), prompt_length, stated
         examples = examples if examples is not None else [()] * len(self.states)
         self.traces = traces if traces is not None else [()] * len(self.states)
         # A reference's line ends with the newline before `</next_state>`.
-        self.references = [[f"{reference}\n" for reference in fitting_references(state, changes)]
-                           for state, changes in zip(self.states, examples)]
+        self.references = [
+            [f"{reference}\n" for reference in fitting_references(state, changes)]
+            for state, changes in zip(self.states, examples)
+        ]
         special = set(tokenizer.all_special_ids)
         # Each token's text, decoded once: the generated text grows by one piece a step (exact
         # for a byte-level BPE on ASCII text) instead of being decoded again at every step.
-        self.pieces = ["" if token in special else tokenizer.decode([token])
-                       for token in range(len(tokenizer))]
+        self.pieces = ["" if token in special else tokenizer.decode([token]) for token in range(len(tokenizer))]
         self.by_first: dict[str, list[tuple[int, str]]] = {}  # token pieces by their first character
         for token, piece in enumerate(self.pieces):
             if piece:
                 self.by_first.setdefault(piece[0], []).append((token, piece))
         # Tokens that end an entry: (token, the part of its piece before the separator or newline).
-        self.enders = [(token, piece[:match.start()]) for token, piece in enumerate(self.pieces)
-                       if (match := _ENTRY_END.search(piece))]
+        self.enders = [
+            (token, piece[: match.start()])
+            for token, piece in enumerate(self.pieces)
+            if (match := _ENTRY_END.search(piece))
+        ]
         self.generated = [""] * len(self.states)
         self.seen = prompt_length
 
@@ -175,8 +183,9 @@ class DeltaConstraint:
             repeated = _repeat(state, line)
             if repeated is not None:
                 written, forbidden = repeated
-                masked = [token for token, head in self.enders
-                          if token < scores.shape[1] and written + head in forbidden]
+                masked = [
+                    token for token, head in self.enders if token < scores.shape[1] and written + head in forbidden
+                ]
                 scores[row, masked] = float("-inf")
                 continue
             found = _removal(state, line)
@@ -185,8 +194,12 @@ class DeltaConstraint:
             written, endings = found
             endings = [ending for ending in endings if ending.startswith(written)]
             following = {ending[len(written)] for ending in endings}
-            allowed = [token for char in following for token, piece in self.by_first.get(char, ())
-                       if token < scores.shape[1] and _fits(written + piece, endings)]
+            allowed = [
+                token
+                for char in following
+                for token, piece in self.by_first.get(char, ())
+                if token < scores.shape[1] and _fits(written + piece, endings)
+            ]
             if allowed:  # no item fits what was written: leave it to the parser to refuse
                 mask = torch.full_like(scores[row], float("-inf"))
                 mask[allowed] = 0
@@ -202,8 +215,11 @@ class DeltaConstraint:
         written, tail = found
         if not tail.startswith(written) or written == tail:
             return  # it went its own way before the rule could act (or is done): the parser reads it
-        allowed = [token for token, piece in self.by_first.get(tail[len(written)], ())
-                   if token < scores.shape[1] and _fits(written + piece, [tail])]
+        allowed = [
+            token
+            for token, piece in self.by_first.get(tail[len(written)], ())
+            if token < scores.shape[1] and _fits(written + piece, [tail])
+        ]
         if allowed:
             mask = torch.full_like(scores[row], float("-inf"))
             mask[allowed] = 0
@@ -215,11 +231,16 @@ class DeltaConstraint:
         if written is None or (written and not _heads_for_reference(written)):
             return
         endings = self.references[row]
-        candidates = (self.by_first.get(_REFERENCE[len(written)], ()) if len(written) < len(_REFERENCE)
-                      else [(token, piece) for token, piece in enumerate(self.pieces) if piece])
-        masked = [token for token, piece in candidates
-                  if token < scores.shape[1] and _heads_for_reference(written + piece)
-                  and not _fits(written + piece, endings)]
+        candidates = (
+            self.by_first.get(_REFERENCE[len(written)], ())
+            if len(written) < len(_REFERENCE)
+            else [(token, piece) for token, piece in enumerate(self.pieces) if piece]
+        )
+        masked = [
+            token
+            for token, piece in candidates
+            if token < scores.shape[1] and _heads_for_reference(written + piece) and not _fits(written + piece, endings)
+        ]
         scores[row, masked] = float("-inf")
 
 

@@ -35,14 +35,27 @@ from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_instructions
 from dreamgym.config import ExperienceConfig
 from dreamgym.experience.annotate import Annotator, describe_change
-from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
-                                         object_names, renamable_names)
-from dreamgym.experience.format import (Step, Worked, format_completion, format_prompt,
-                                        referenced_delta, referenced_trace, state_delta, task_says)
+from dreamgym.experience.augment import (
+    Renamer,
+    invented_names,
+    name_vocabulary,
+    names_in,
+    object_names,
+    renamable_names,
+)
+from dreamgym.experience.format import (
+    Step,
+    Worked,
+    format_completion,
+    format_prompt,
+    referenced_delta,
+    referenced_trace,
+    state_delta,
+    task_says,
+)
 from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.state import AbstractState, format_state, parse_state
-
 
 _KEPT_KEY = "dreamgym.kept_names"
 # Candidates fetched per neighbour kept: room for repeats of one step across episodes.
@@ -59,7 +72,7 @@ class Example:
     task_id: str
     step: int
     content_hash: str
-    neighbour_hashes: tuple[str, ...] = ()          # content hashes of the worked examples
+    neighbour_hashes: tuple[str, ...] = ()  # content hashes of the worked examples
     neighbour_trajectory_ids: tuple[str, ...] = ()  # and their trajectories, in prompt order
     renaming: int = 0  # 0: the real transition; n: its n-th copy with invented names (augment.py)
     objective: str = "transition"  # or "variation": seed task -> variant task (variations.py)
@@ -73,18 +86,24 @@ def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
     one, which it is not.
     """
     row, steps = rows[index], []
-    for previous in reversed(rows[max(0, index - h):index]):
-        if (previous["trajectory_id"] != row["trajectory_id"]
-                or previous["step"] != row["step"] - len(steps) - 1):
+    for previous in reversed(rows[max(0, index - h) : index]):
+        if previous["trajectory_id"] != row["trajectory_id"] or previous["step"] != row["step"] - len(steps) - 1:
             break
-        steps.append(Step(previous["action"], previous["reward"],
-                          parse_state(previous["state"]).location))
+        steps.append(Step(previous["action"], previous["reward"], parse_state(previous["state"]).location))
     return steps[::-1]
 
 
-def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequence[dict], k: int,
-               ef_search: int, vectors: np.ndarray | None = None, synthetic: bool = False,
-               pool: int = 0, kept: frozenset[str] | None = None) -> list[list[dict]]:
+def neighbours(
+    database: Database | None,
+    encoder: Encoder | None,
+    queries: Sequence[dict],
+    k: int,
+    ef_search: int,
+    vectors: np.ndarray | None = None,
+    synthetic: bool = False,
+    pool: int = 0,
+    kept: frozenset[str] | None = None,
+) -> list[list[dict]]:
     """The k most similar distinct transitions of each query, in one search for all of them, each
     with its task's `instruction`.
 
@@ -103,11 +122,16 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     if database is None or (encoder is None and vectors is None):
         raise ValueError("retrieving neighbours (k > 0) needs a buffer database and an encoder")
     if vectors is None:
-        vectors = encoder.encode([transition_text(q["instruction"], _state_text(q["state"]),
-                                                  q["action"]) for q in queries])
-    filters = [Filters(source=None if synthetic else "real",
-                       exclude_trajectory_ids=(q["trajectory_id"],) if q.get("trajectory_id")
-                       else ()) for q in queries]
+        vectors = encoder.encode(
+            [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
+        )
+    filters = [
+        Filters(
+            source=None if synthetic else "real",
+            exclude_trajectory_ids=(q["trajectory_id"],) if q.get("trajectory_id") else (),
+        )
+        for q in queries
+    ]
     fetched = max(pool, k * _CANDIDATES_PER_NEIGHBOUR)
     # Without a filter pgvector returns at most ef_search rows; with one it scans on (retrieval.py).
     found = search(database, vectors, fetched, filters=filters, ef_search=max(ef_search, fetched))
@@ -115,18 +139,24 @@ def neighbours(database: Database | None, encoder: Encoder | None, queries: Sequ
     # The tasks' words (format.task_says), which the ranking reads too. The candidates of a batch
     # come from a few hundred tasks: one small query.
     tasks = task_instructions(database, {t["task_id"] for ts in candidates for t in ts})
-    chosen = ([transitions[:k] for transitions in candidates] if not pool else
-              [_closest(query, transitions, k, kept, tasks) for query, transitions in zip(queries, candidates)])
+    chosen = (
+        [transitions[:k] for transitions in candidates]
+        if not pool
+        else [_closest(query, transitions, k, kept, tasks) for query, transitions in zip(queries, candidates)]
+    )
     return [[row | {"instruction": tasks.get(row["task_id"])} for row in rows] for rows in chosen]
 
 
-def _closest(query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None,
-             tasks: dict[str, str]) -> list[dict]:
+def _closest(
+    query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None, tasks: dict[str, str]
+) -> list[dict]:
     state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
-    chosen = closest(situation(state, query["action"], kept, query["instruction"]),
-                     [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"]))
-                      for t in transitions], k,
-                     [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions])
+    chosen = closest(
+        situation(state, query["action"], kept, query["instruction"]),
+        [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"])) for t in transitions],
+        k,
+        [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions],
+    )
     return [transitions[index] for index in chosen]
 
 
@@ -148,14 +178,29 @@ def to_worked(transition: dict, traced: bool = False) -> Worked:
     """A retrieved transition (retrieval.RETURNED_COLUMNS, with its task's `instruction`) as a
     worked example; `traced`: with its state-diff reasoning trace (`describe_change`)."""
     state, next_state = parse_state(transition["state"]), parse_state(transition["next_state"])
-    said = (task_says(transition["instruction"], state, transition["action"])
-            if transition.get("instruction") else None)
-    reasoning = (describe_change(state, transition["action"], next_state, transition["reward"],
-                                 transition["terminated"], transition.get("won"),
-                                 task=transition.get("instruction")) if traced else None)
-    return Worked(location=state.location, action=transition["action"],
-                  delta=state_delta(state, next_state), reward=transition["reward"],
-                  done=transition["terminated"], task_says=said, reasoning=reasoning)
+    said = task_says(transition["instruction"], state, transition["action"]) if transition.get("instruction") else None
+    reasoning = (
+        describe_change(
+            state,
+            transition["action"],
+            next_state,
+            transition["reward"],
+            transition["terminated"],
+            transition.get("won"),
+            task=transition.get("instruction"),
+        )
+        if traced
+        else None
+    )
+    return Worked(
+        location=state.location,
+        action=transition["action"],
+        delta=state_delta(state, next_state),
+        reward=transition["reward"],
+        done=transition["terminated"],
+        task_says=said,
+        reasoning=reasoning,
+    )
 
 
 def traces_examples(config: ExperienceConfig) -> bool:
@@ -164,10 +209,17 @@ def traces_examples(config: ExperienceConfig) -> bool:
     return config.reasoning and config.annotator == "state-diff"
 
 
-def build_examples(database: Database | None, encoder: Encoder | None, rows: Sequence[dict],
-                   config: ExperienceConfig, ef_search: int, annotate: Annotator = describe_change,
-                   batch: int = 256, progress: bool = False,
-                   kept: frozenset[str] | None = None) -> list[Example]:
+def build_examples(
+    database: Database | None,
+    encoder: Encoder | None,
+    rows: Sequence[dict],
+    config: ExperienceConfig,
+    ef_search: int,
+    annotate: Annotator = describe_change,
+    batch: int = 256,
+    progress: bool = False,
+    kept: frozenset[str] | None = None,
+) -> list[Example]:
     """One example per transition row (`dreamgym.data.schema` columns), sorted by trajectory and
     step, each followed by its `config.renamed_copies` renamed copies; retrieval runs once per
     `batch` rows. With `config.placeholders`, objects not in `kept` (default: `kept_names(rows)`)
@@ -184,26 +236,39 @@ def build_examples(database: Database | None, encoder: Encoder | None, rows: Seq
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):
-            chunk = ordered[start:start + batch]
-            found = neighbours(database, encoder, chunk, config.neighbours, ef_search,
-                               _known_vectors(database, encoder, chunk) if config.neighbours else None,
-                               synthetic=config.synthetic_neighbours,
-                               pool=config.retrieval_pool, kept=kept)
+            chunk = ordered[start : start + batch]
+            found = neighbours(
+                database,
+                encoder,
+                chunk,
+                config.neighbours,
+                ef_search,
+                _known_vectors(database, encoder, chunk) if config.neighbours else None,
+                synthetic=config.synthetic_neighbours,
+                pool=config.retrieval_pool,
+                kept=kept,
+            )
             for offset, transitions in enumerate(found):
                 examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))
-                examples += _renamed_copies(ordered, start + offset, transitions, config, annotate,
-                                            *renaming)
+                examples += _renamed_copies(ordered, start + offset, transitions, config, annotate, *renaming)
             bar.update(len(found))
     return examples
 
 
-def _renamed_copies(rows: Sequence[dict], index: int, found: list[dict], config: ExperienceConfig,
-                    annotate: Annotator, renamable: frozenset[str], vocabulary: Sequence[str],
-                    known: frozenset[str]) -> list[Example]:
+def _renamed_copies(
+    rows: Sequence[dict],
+    index: int,
+    found: list[dict],
+    config: ExperienceConfig,
+    annotate: Annotator,
+    renamable: frozenset[str],
+    vocabulary: Sequence[str],
+    known: frozenset[str],
+) -> list[Example]:
     """The example of `rows[index]` again, `config.renamed_copies` times, each time with the
     carried objects it shows given other invented names (never the name of an object in the
     data); none when it shows no renamable object."""
-    window = rows[max(0, index - config.history):index + 1]
+    window = rows[max(0, index - config.history) : index + 1]
     present = names_in([*window, *found], renamable)
     if not present:
         return []
@@ -211,37 +276,53 @@ def _renamed_copies(rows: Sequence[dict], index: int, found: list[dict], config:
     copies = []
     for number in range(1, config.renamed_copies + 1):
         renamer = Renamer(invented_names(present, rng, vocabulary, avoid=known))
-        example = _example([renamer.row(row) for row in window], len(window) - 1,
-                           [renamer.row(t) for t in found], config, annotate)
+        example = _example(
+            [renamer.row(row) for row in window], len(window) - 1, [renamer.row(t) for t in found], config, annotate
+        )
         copies.append(replace(example, renaming=number))
     return copies
 
 
-def _example(rows: Sequence[dict], index: int, found: list[dict], config: ExperienceConfig,
-             annotate: Annotator, kept: frozenset[str] | None = None) -> Example:
+def _example(
+    rows: Sequence[dict],
+    index: int,
+    found: list[dict],
+    config: ExperienceConfig,
+    annotate: Annotator,
+    kept: frozenset[str] | None = None,
+) -> Example:
     if kept is not None:  # the prompt's and each worked example's own placeholders
         names = Placeholders.of_row(kept, rows[index])
-        rows = [names.row(row) for row in rows[max(0, index - config.history):index + 1]]
+        rows = [names.row(row) for row in rows[max(0, index - config.history) : index + 1]]
         index = len(rows) - 1
         found = [Placeholders.own(kept, transition) for transition in found]
     row = rows[index]
     state, next_state = parse_state(row["state"]), parse_state(row["next_state"])
     done = row["terminated"]
-    reasoning = (annotate(state, row["action"], next_state, row["reward"], done, row["won"],
-                          task=row["instruction"]) if config.reasoning else None)
+    reasoning = (
+        annotate(state, row["action"], next_state, row["reward"], done, row["won"], task=row["instruction"])
+        if config.reasoning
+        else None
+    )
     worked = [to_worked(t, traces_examples(config)) for t in found]
-    prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state,
-                           row["action"], worked)
-    delta = (referenced_delta(state, next_state, [example.delta for example in worked])
-             if config.copy_examples else state_delta(state, next_state))
+    prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state, row["action"], worked)
+    delta = (
+        referenced_delta(state, next_state, [example.delta for example in worked])
+        if config.copy_examples
+        else state_delta(state, next_state)
+    )
     if config.copy_examples and reasoning is not None:
         reasoning = referenced_trace(reasoning, [example.reasoning for example in worked])
-    return Example(prompt=prompt,
-                   completion=format_completion(reasoning, delta, row["reward"], done),
-                   trajectory_id=row["trajectory_id"], task_id=row["task_id"], step=row["step"],
-                   content_hash=row["content_hash"],
-                   neighbour_hashes=tuple(t["content_hash"] for t in found),
-                   neighbour_trajectory_ids=tuple(t["trajectory_id"] for t in found))
+    return Example(
+        prompt=prompt,
+        completion=format_completion(reasoning, delta, row["reward"], done),
+        trajectory_id=row["trajectory_id"],
+        task_id=row["task_id"],
+        step=row["step"],
+        content_hash=row["content_hash"],
+        neighbour_hashes=tuple(t["content_hash"] for t in found),
+        neighbour_trajectory_ids=tuple(t["trajectory_id"] for t in found),
+    )
 
 
 def _known_vectors(database: Database, encoder: Encoder | None, rows: Sequence[dict]) -> np.ndarray:
@@ -256,15 +337,15 @@ def _known_vectors(database: Database, encoder: Encoder | None, rows: Sequence[d
     return np.stack([stored[row["content_hash"]] for row in rows])
 
 
-def save_examples(examples: Sequence[Example], path: str | Path,
-                  kept: frozenset[str] | None = None) -> Path:
+def save_examples(examples: Sequence[Example], path: str | Path, kept: frozenset[str] | None = None) -> Path:
     """Write examples to Parquet, atomically (a crash never leaves a partial file to be reused),
     with the kept names of their placeholders (None: no placeholders) in the file's metadata."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     columns = {field.name: [getattr(e, field.name) for e in examples] for field in fields(Example)}
-    columns = {name: [list(v) for v in values] if name.startswith("neighbour_") else values
-               for name, values in columns.items()}
+    columns = {
+        name: [list(v) for v in values] if name.startswith("neighbour_") else values for name, values in columns.items()
+    }
     table = pa.table(columns)
     if kept is not None:
         table = table.replace_schema_metadata({_KEPT_KEY: json.dumps(sorted(kept))})
@@ -281,6 +362,7 @@ def load_kept_names(path: str | Path) -> frozenset[str] | None:
 
 
 def load_examples(path: str | Path) -> list[Example]:
-    return [Example(**{name: tuple(value) if name.startswith("neighbour_") else value
-                       for name, value in row.items()})
-            for row in pq.read_table(path).to_pylist()]
+    return [
+        Example(**{name: tuple(value) if name.startswith("neighbour_") else value for name, value in row.items()})
+        for row in pq.read_table(path).to_pylist()
+    ]

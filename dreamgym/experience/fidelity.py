@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-
 from pathlib import Path
 
 from tqdm import tqdm
@@ -42,9 +41,14 @@ def collect_real(games_dir: str | Path, out: str | Path, config: PipelineConfig)
     held-out episodes are new ones. Reused when already collected with the same settings."""
     games = list_games(games_dir)
     if config.experience.eval_games:
-        games = games[:config.experience.eval_games]
-    settings = CollectionSettings(policy=config.collect.policy, epsilon=config.collect.epsilon,
-                                  episodes_per_game=1, seed=config.seed + 1, max_steps=config.env.max_steps)
+        games = games[: config.experience.eval_games]
+    settings = CollectionSettings(
+        policy=config.collect.policy,
+        epsilon=config.collect.epsilon,
+        episodes_per_game=1,
+        seed=config.seed + 1,
+        max_steps=config.env.max_steps,
+    )
     return collect(games, out, settings, workers=config.collect.workers).path
 
 
@@ -66,8 +70,9 @@ def field_f1(predicted: AbstractState, real: AbstractState) -> dict[str, float]:
 def foreseeable(query: Query, real_next: AbstractState) -> bool:
     """Whether every place and item the real next state names is named in the query already (its
     instruction, state or history): otherwise no model could write that state from the prompt."""
-    shown = "\n".join([query.instruction, query.state.to_text(),
-                       *(f"{step.location}: {step.action}" for step in query.history)])
+    shown = "\n".join(
+        [query.instruction, query.state.to_text(), *(f"{step.location}: {step.action}" for step in query.history)]
+    )
     names = [real_next.location, *map(item_name, real_next.visible), *map(item_name, real_next.inventory)]
     return all(name in shown for name in names)
 
@@ -91,37 +96,59 @@ def _step(row: dict, state: AbstractState) -> Step:
 def _score(prediction: Prediction, row: dict, query: Query) -> dict:
     """One example's record: what was predicted against what the game did."""
     real = parse_state(row["next_state"])
-    record = {"trajectory_id": row["trajectory_id"], "step": row["step"], "action": row["action"],
-              "foreseeable": foreseeable(query, real), "parsed": prediction.ok,
-              "attempts": prediction.attempts, "error": prediction.error}
+    record = {
+        "trajectory_id": row["trajectory_id"],
+        "step": row["step"],
+        "action": row["action"],
+        "foreseeable": foreseeable(query, real),
+        "parsed": prediction.ok,
+        "attempts": prediction.attempts,
+        "error": prediction.error,
+    }
     if prediction.ok:
         completion = prediction.completion
-        record |= {"exact_match": completion.next_state == real,
-                   "reward_correct": abs(completion.reward - row["reward"]) < 1e-6,
-                   "done_correct": completion.done == real_done(row),
-                   **{f"f1_{name}": value for name, value in field_f1(completion.next_state, real).items()}}
+        record |= {
+            "exact_match": completion.next_state == real,
+            "reward_correct": abs(completion.reward - row["reward"]) < 1e-6,
+            "done_correct": completion.done == real_done(row),
+            **{f"f1_{name}": value for name, value in field_f1(completion.next_state, real).items()},
+        }
     else:  # a failure is wrong on every count, never a guess
-        record |= {"exact_match": False, "reward_correct": False, "done_correct": False,
-                   **{f"f1_{name}": 0.0 for name in FIELDS}}
+        record |= {
+            "exact_match": False,
+            "reward_correct": False,
+            "done_correct": False,
+            **{f"f1_{name}": 0.0 for name in FIELDS},
+        }
     return record
 
 
 def _batches(items: list, size: int):
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
-def single_step(model: ExperienceModel, rows: Sequence[dict], batch_size: int = 32,
-                progress: bool = False) -> list[dict]:
+def single_step(
+    model: ExperienceModel, rows: Sequence[dict], batch_size: int = 32, progress: bool = False
+) -> list[dict]:
     """Per-transition records for every real transition, from the real state and history."""
     jobs = []
     for episode in _episodes(rows):
         history: list[Step] = []
         for row in episode:
             state = parse_state(row["state"])
-            jobs.append((row, Query(row["instruction"], state, row["action"],
-                                    tuple(history[-model.config.history:] if model.config.history else ()),
-                                    row["trajectory_id"])))
+            jobs.append(
+                (
+                    row,
+                    Query(
+                        row["instruction"],
+                        state,
+                        row["action"],
+                        tuple(history[-model.config.history :] if model.config.history else ()),
+                        row["trajectory_id"],
+                    ),
+                )
+            )
             history.append(_step(row, state))
     records = []
     with tqdm(total=len(jobs), desc="fidelity: single step", unit="transition", disable=not progress) as bar:
@@ -132,8 +159,9 @@ def single_step(model: ExperienceModel, rows: Sequence[dict], batch_size: int = 
     return records
 
 
-def open_loop(model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_size: int = 32,
-              progress: bool = False) -> list[dict]:
+def open_loop(
+    model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_size: int = 32, progress: bool = False
+) -> list[dict]:
     """Per step t (1..horizon): exact-match rate and field F1 of the t-th predicted state.
 
     All episodes advance together, one batched prediction per step.
@@ -150,23 +178,34 @@ def open_loop(model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_
         records = []
         running = [i for i in active if alive[i]]
         for batch in _batches(running, batch_size):
-            queries = [Query(episodes[i][t]["instruction"], states[i], episodes[i][t]["action"],
-                             tuple(histories[i][-model.config.history:] if model.config.history else ()),
-                             episodes[i][t]["trajectory_id"]) for i in batch]
+            queries = [
+                Query(
+                    episodes[i][t]["instruction"],
+                    states[i],
+                    episodes[i][t]["action"],
+                    tuple(histories[i][-model.config.history :] if model.config.history else ()),
+                    episodes[i][t]["trajectory_id"],
+                )
+                for i in batch
+            ]
             for i, query, prediction in zip(batch, queries, model.predict(queries)):
                 records.append(_score(prediction, episodes[i][t], query))
                 if not prediction.ok:
                     alive[i] = False
                     continue
-                histories[i].append(Step(episodes[i][t]["action"], prediction.completion.reward,
-                                         states[i].location))
+                histories[i].append(Step(episodes[i][t]["action"], prediction.completion.reward, states[i].location))
                 states[i] = prediction.completion.next_state
         dead = len(active) - len(running)
         n = len(active)
-        per_step.append({"step": t + 1, "episodes": n,
-                         "exact_match": sum(r["exact_match"] for r in records) / n,
-                         **{f"f1_{name}": sum(r[f"f1_{name}"] for r in records) / n for name in FIELDS},
-                         "stopped_by_parse_failure": dead})
+        per_step.append(
+            {
+                "step": t + 1,
+                "episodes": n,
+                "exact_match": sum(r["exact_match"] for r in records) / n,
+                **{f"f1_{name}": sum(r[f"f1_{name}"] for r in records) / n for name in FIELDS},
+                "stopped_by_parse_failure": dead,
+            }
+        )
     return per_step
 
 
@@ -176,8 +215,9 @@ class FidelityReport:
     records: list[dict]
 
 
-def evaluate(model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_size: int = 32,
-             progress: bool = False) -> FidelityReport:
+def evaluate(
+    model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_size: int = 32, progress: bool = False
+) -> FidelityReport:
     records = single_step(model, rows, batch_size, progress)
     n = len(records)
     if not n:
@@ -198,8 +238,10 @@ def _mean(records: Sequence[dict], key: str) -> float:
 
 
 def _scores(records: Sequence[dict]) -> dict:
-    return {"transitions": len(records),
-            "next_state_exact_match": _mean(records, "exact_match"),
-            "reward_accuracy": _mean(records, "reward_correct"),
-            "done_accuracy": _mean(records, "done_correct"),
-            "parse_failure_rate": 1 - _mean(records, "parsed") if records else 0.0}
+    return {
+        "transitions": len(records),
+        "next_state_exact_match": _mean(records, "exact_match"),
+        "reward_accuracy": _mean(records, "reward_correct"),
+        "done_accuracy": _mean(records, "done_correct"),
+        "parse_failure_rate": 1 - _mean(records, "parsed") if records else 0.0,
+    }

@@ -79,12 +79,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dreamgym.errors import DreamgymError
-from dreamgym.state import (FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state,
-                            item_name)
+from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state, item_name
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
 # then built again instead of reused.
-FORMAT_VERSION = 6  # 6: a trace may name an example; 5: worked examples show their trace; 4: removals by name, lists replaced only on a move
+# The history of formats is in CHANGELOG.md.
+FORMAT_VERSION = 6
 LIST_FIELDS = FIELDS[1:]
 NO_CHANGE = "no change"
 SAME_AS = "same as example {}"  # the delta or trace of a worked example of the prompt, 1-based
@@ -94,9 +94,12 @@ _TAG = re.compile(r"<(/?)(reasoning|next_state|reward|done)>")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _DELTA_LINE = re.compile(r"([a-z_]+)(?:: (.+)| =(?: (.+))?)")
 _SAME_AS = re.compile(SAME_AS.format(r"(\d+)"))
-_EXAMPLE = re.compile(r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
-                      r"(?:reasoning: ([^\n]*)\n)?changes:\n(.*?)\n"
-                      r"reward: [^\n]* done: (?:true|false)\n</example>", re.S)
+_EXAMPLE = re.compile(
+    r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
+    r"(?:reasoning: ([^\n]*)\n)?changes:\n(.*?)\n"
+    r"reward: [^\n]* done: (?:true|false)\n</example>",
+    re.S,
+)
 
 
 class FormatError(DreamgymError):
@@ -137,6 +140,7 @@ class Worked:
 
 # --- numbers and flags -------------------------------------------------------------------------
 
+
 def format_number(value: float) -> str:
     """Compact (`1`, `0.5`, `-1`), and exact: falls back to repr when `:g` would round."""
     if not math.isfinite(value):
@@ -150,6 +154,7 @@ def _flag(value: bool) -> str:
 
 
 # --- state delta -------------------------------------------------------------------------------
+
 
 def state_delta(state: AbstractState, next_state: AbstractState) -> str:
     """The lines that turn `state` into `next_state` (see the module docstring)."""
@@ -166,8 +171,9 @@ def _list_change(name: str, before: tuple[str, ...], after: tuple[str, ...], mov
     """The diff; on a move, the shorter of the diff and the replacement line (the diff on a tie)."""
     removed, added = set(before) - set(after), sorted(set(after) - set(before))
     written = removal_texts(before)
-    diff = f"{name}: " + ITEM_SEPARATOR.join(sorted(f"-{written[item]}" for item in removed) +
-                                             [f"+{item}" for item in added])
+    diff = f"{name}: " + ITEM_SEPARATOR.join(
+        sorted(f"-{written[item]}" for item in removed) + [f"+{item}" for item in added]
+    )
     if not moved:
         return diff
     replacement = f"{name} = {ITEM_SEPARATOR.join(after)}" if after else f"{name} ="
@@ -190,8 +196,9 @@ def _removed_item(name: str, current: Sequence[str], entry: str) -> str:
     if not matches:
         raise FormatError(f"cannot remove {entry!r} from {name}: it is not there")
     if len(matches) > 1:
-        raise FormatError(f"cannot remove {entry!r} from {name}: {len(matches)} items have that "
-                          "name; write the item in full")
+        raise FormatError(
+            f"cannot remove {entry!r} from {name}: {len(matches)} items have that name; write the item in full"
+        )
     return matches[0]
 
 
@@ -239,8 +246,7 @@ def _delta_line(line: str) -> tuple[str, str, str]:
         raise FormatError("'no change' must be the whole delta, not one line among changes")
     match = _DELTA_LINE.fullmatch(line)
     if not match:
-        raise FormatError(f"malformed delta line {line[:80]!r}: expected 'field: changes' or "
-                          "'field = items'")
+        raise FormatError(f"malformed delta line {line[:80]!r}: expected 'field: changes' or 'field = items'")
     name = match[1]
     if name not in FIELDS:
         raise FormatError(f"unknown field '{name}' in the delta: fields are {', '.join(FIELDS)}")
@@ -324,28 +330,30 @@ def resolve_reference(text: str, shown: Sequence[str | None], what: str = "chang
 
 # --- completion --------------------------------------------------------------------------------
 
+
 def format_completion(reasoning: str | None, delta: str, reward: float, done: bool) -> str:
     """The completion text (see the module docstring); no end marker: the EOS token ends it."""
-    sections = ([] if reasoning is None
-                else [f"<reasoning>{_checked_reasoning(reasoning)}</reasoning>"])
-    sections += [f"<next_state>\n{delta}\n</next_state>",
-                 f"<reward>{format_number(reward)}</reward>",
-                 f"<done>{_flag(done)}</done>"]
+    sections = [] if reasoning is None else [f"<reasoning>{_checked_reasoning(reasoning)}</reasoning>"]
+    sections += [
+        f"<next_state>\n{delta}\n</next_state>",
+        f"<reward>{format_number(reward)}</reward>",
+        f"<done>{_flag(done)}</done>",
+    ]
     return "\n".join(sections)
 
 
 def _checked_reasoning(reasoning: str) -> str:
     """Reasoning that reads back unchanged: non-empty, no surrounding space, no section tags."""
     if not reasoning or reasoning != reasoning.strip():
-        raise FormatError("reasoning must be non-empty text without surrounding spaces: "
-                          f"{reasoning[:80]!r}")
+        raise FormatError(f"reasoning must be non-empty text without surrounding spaces: {reasoning[:80]!r}")
     if _TAG.search(reasoning):
         raise FormatError(f"reasoning must not contain section tags: {reasoning[:80]!r}")
     return reasoning
 
 
-def parse_completion(text: str, state: AbstractState, reasoning: bool,
-                     examples: Sequence[str] = (), traces: Sequence[str | None] = ()) -> Completion:
+def parse_completion(
+    text: str, state: AbstractState, reasoning: bool, examples: Sequence[str] = (), traces: Sequence[str | None] = ()
+) -> Completion:
     """Read a completion for a step from `state`; `FormatError` says what is wrong with it.
     `examples`: the changes of the prompt's worked examples (`example_changes`), which the next
     state may name (`same as example i`); `traces`: their traces (`example_traces`), which the
@@ -365,8 +373,12 @@ def parse_completion(text: str, state: AbstractState, reasoning: bool,
         if changes == delta:
             raise
         raise FormatError(f"'{delta}' does not fit this state: {error}") from None
-    return Completion(reasoning=trace, next_state=next_state,
-                      reward=_parse_reward(contents["reward"]), done=_parse_done(contents["done"]))
+    return Completion(
+        reasoning=trace,
+        next_state=next_state,
+        reward=_parse_reward(contents["reward"]),
+        done=_parse_done(contents["done"]),
+    )
 
 
 def _sections(text: str, expected: Sequence[str]) -> dict[str, str]:
@@ -383,30 +395,25 @@ def _sections(text: str, expected: Sequence[str]) -> dict[str, str]:
         if opened > 1 or closed > 1:
             raise FormatError(f"duplicated <{name}> section")
         if opened != closed:
-            raise FormatError(f"<{name}> is not closed" if opened
-                              else f"</{name}> without <{name}>")
+            raise FormatError(f"<{name}> is not closed" if opened else f"</{name}> without <{name}>")
     order = [tag[2] for tag in tags if not tag[1]]
     if order != list(expected):
-        raise FormatError(f"sections out of order: got {', '.join(order)}; expected "
-                          f"{', '.join(expected)}")
-    if [(tag[2], tag[1]) for tag in tags] != [(name, closing) for name in expected
-                                              for closing in ("", "/")]:
+        raise FormatError(f"sections out of order: got {', '.join(order)}; expected {', '.join(expected)}")
+    if [(tag[2], tag[1]) for tag in tags] != [(name, closing) for name in expected for closing in ("", "/")]:
         raise FormatError("sections overlap: each section must be closed before the next opens")
     _check_gaps(text, tags)
-    return {opening[2]: text[opening.end():closing.start()]
-            for opening, closing in zip(tags[::2], tags[1::2])}
+    return {opening[2]: text[opening.end() : closing.start()] for opening, closing in zip(tags[::2], tags[1::2])}
 
 
 def _check_gaps(text: str, tags: list[re.Match]) -> None:
     """Only whitespace before, between and after the sections."""
-    if text[:tags[0].start()].strip():
-        raise FormatError(f"unexpected text before <{tags[0][2]}>: {text[:tags[0].start()][:60]!r}")
+    if text[: tags[0].start()].strip():
+        raise FormatError(f"unexpected text before <{tags[0][2]}>: {text[: tags[0].start()][:60]!r}")
     for closing, opening in zip(tags[1::2], tags[2::2]):
-        gap = text[closing.end():opening.start()]
+        gap = text[closing.end() : opening.start()]
         if gap.strip():
-            raise FormatError(f"unexpected text between </{closing[2]}> and <{opening[2]}>: "
-                              f"{gap.strip()[:60]!r}")
-    trailing = text[tags[-1].end():]
+            raise FormatError(f"unexpected text between </{closing[2]}> and <{opening[2]}>: {gap.strip()[:60]!r}")
+    trailing = text[tags[-1].end() :]
     if trailing.strip():
         raise FormatError(f"trailing text after </{tags[-1][2]}>: {trailing.strip()[:60]!r}")
 
@@ -428,8 +435,10 @@ def _parse_done(text: str) -> bool:
 
 # --- prompt ------------------------------------------------------------------------------------
 
-def format_prompt(instruction: str, history: Sequence[Step], state: AbstractState, action: str,
-                  worked: Sequence[Worked]) -> str:
+
+def format_prompt(
+    instruction: str, history: Sequence[Step], state: AbstractState, action: str, worked: Sequence[Worked]
+) -> str:
     """The prompt for one step; it ends with a newline so that the completion starts cleanly.
 
     Worked examples keep the order given (most similar first); the examples and history blocks
@@ -439,8 +448,9 @@ def format_prompt(instruction: str, history: Sequence[Step], state: AbstractStat
     if worked:
         parts.append(_block("examples", [_worked_block(example) for example in worked]))
     if history:
-        parts.append(_block("history", [f"{step.location}: {step.action} -> "
-                                        f"{format_number(step.reward)}" for step in history]))
+        parts.append(
+            _block("history", [f"{step.location}: {step.action} -> {format_number(step.reward)}" for step in history])
+        )
     parts.append(_block("state", [format_state(state)]))
     parts.append(f"<action>{action}</action>")
     said = task_says(instruction, state, action)
@@ -475,8 +485,7 @@ def task_says(instruction: str, state: AbstractState, action: str) -> str | None
 def task_mentions(instruction: str, name: str) -> list[str]:
     """The task's clauses that name `name`, each on one line whatever the task's layout (a worked
     example shows them on its `task says:` line)."""
-    clauses = [" ".join(clause.split()).rstrip(".!?;")
-               for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
+    clauses = [" ".join(clause.split()).rstrip(".!?;") for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
     return [clause for clause in clauses if whole_word(name).search(clause)]
 
 
@@ -510,5 +519,15 @@ def _worked_block(example: Worked) -> str:
     outcome = f"reward: {format_number(example.reward)} done: {_flag(example.done)}"
     said = [] if example.task_says is None else [f"task says: {example.task_says}"]
     traced = [] if example.reasoning is None else [f"reasoning: {one_line(example.reasoning)}"]
-    return _block("example", [f"location: {example.location}", f"action: {example.action}", *said,
-                              *traced, "changes:", example.delta, outcome])
+    return _block(
+        "example",
+        [
+            f"location: {example.location}",
+            f"action: {example.action}",
+            *said,
+            *traced,
+            "changes:",
+            example.delta,
+            outcome,
+        ],
+    )

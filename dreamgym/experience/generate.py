@@ -31,9 +31,16 @@ from dreamgym.config import ExperienceConfig, PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
-from dreamgym.experience.format import (FORMAT_VERSION, Completion, FormatError, Step,
-                                        example_changes, example_traces, format_prompt,
-                                        parse_completion)
+from dreamgym.experience.format import (
+    FORMAT_VERSION,
+    Completion,
+    FormatError,
+    Step,
+    example_changes,
+    example_traces,
+    format_prompt,
+    parse_completion,
+)
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState
 
@@ -47,8 +54,7 @@ RETRY_TEMPERATURE = 0.8
 CACHE = "static"
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
-TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool",
-                 "copy_examples", "annotator")
+TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool", "copy_examples", "annotator")
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -68,13 +74,14 @@ def sample_seed(seed: int, attempt: int, prompts: Sequence[str]) -> int:
     return (seed + attempt * 1_000_003 + int.from_bytes(digest[:4], "big")) % 2**31
 
 
-def save_settings(model_dir: str | Path, config: ExperienceConfig,
-                  kept_names: frozenset[str] | None = None) -> None:
+def save_settings(model_dir: str | Path, config: ExperienceConfig, kept_names: frozenset[str] | None = None) -> None:
     """The settings beside the weights, with the kept names of the model's placeholders."""
     if config.placeholders and kept_names is None:
         raise ValueError("a model trained with placeholders needs its kept names saved with it")
     settings = dataclasses.asdict(config) | {
-        "kept_names": sorted(kept_names) if config.placeholders else None, "format": FORMAT_VERSION}
+        "kept_names": sorted(kept_names) if config.placeholders else None,
+        "format": FORMAT_VERSION,
+    }
     (Path(model_dir) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
 
 
@@ -95,7 +102,8 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
         raise ExperienceFormatError(
             f"the experience model in {Path(model_dir).parent} was trained on prompt format "
             f"{trained.get('format', 2)}, and this dreamgym writes format {FORMAT_VERSION} "
-            "(experience/format.py): train it again with dreamgym run")
+            "(experience/format.py): train it again with dreamgym run"
+        )
     # A model saved before placeholders existed was trained without them. Renamed copies are
     # training data only, and cannot be asked for together with placeholders.
     trained.setdefault("placeholders", False)
@@ -104,8 +112,12 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     trained.setdefault("annotator", "state-diff")  # the only one there was
     # The annotator's endpoint comes along with it: the config refuses an openai annotator without one.
     annotator = {key: trained.get(key, "") for key in ("annotator_url", "annotator_model")}
-    return dataclasses.replace(current, **{key: trained[key] for key in TRAINED_SHAPE}, **annotator,
-                               renamed_copies=0 if trained["placeholders"] else current.renamed_copies)
+    return dataclasses.replace(
+        current,
+        **{key: trained[key] for key in TRAINED_SHAPE},
+        **annotator,
+        renamed_copies=0 if trained["placeholders"] else current.renamed_copies,
+    )
 
 
 @dataclass(frozen=True)
@@ -120,9 +132,9 @@ class Query:
 @dataclass(frozen=True)
 class Prediction:
     completion: Completion | None  # None: no attempt parsed
-    text: str                      # the last generated completion text
+    text: str  # the last generated completion text
     attempts: int
-    error: str | None = None       # why the last attempt did not parse
+    error: str | None = None  # why the last attempt did not parse
 
     @property
     def ok(self) -> bool:
@@ -132,14 +144,27 @@ class Prediction:
 class ExperienceModel:
     """A trained experience model with its retrieval memory; an environment's dynamics as an LM."""
 
-    def __init__(self, model, tokenizer, config: ExperienceConfig, database=None, encoder=None,
-                 ef_search: int = 80, seed: int = 0, kept_names: frozenset[str] | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: ExperienceConfig,
+        database=None,
+        encoder=None,
+        ef_search: int = 80,
+        seed: int = 0,
+        kept_names: frozenset[str] | None = None,
+    ):
         if config.neighbours and (database is None or encoder is None):
-            raise ValueError("retrieval is on (experience.neighbours > 0): give a buffer database "
-                             "and an encoder, or set experience.neighbours: 0")
+            raise ValueError(
+                "retrieval is on (experience.neighbours > 0): give a buffer database "
+                "and an encoder, or set experience.neighbours: 0"
+            )
         if config.placeholders and kept_names is None:
-            raise ValueError("this model shows objects as placeholders (experience.placeholders): "
-                             "give the kept names it was trained with (trained_kept_names(model_dir))")
+            raise ValueError(
+                "this model shows objects as placeholders (experience.placeholders): "
+                "give the kept names it was trained with (trained_kept_names(model_dir))"
+            )
         self.kept_names = kept_names if config.placeholders else None
         self.model = model.eval() if model is not None else None  # None: a remote model
         self.tokenizer, self.config = tokenizer, config
@@ -150,12 +175,19 @@ class ExperienceModel:
 
     def retrieved(self, queries: Sequence[Query]) -> list[list[dict]]:
         """Each query's neighbour transitions from the buffer, most similar first."""
-        return neighbours(self.database, self.encoder,
-                          [{"instruction": q.instruction, "state": q.state, "action": q.action,
-                            "trajectory_id": q.trajectory_id} for q in queries],
-                          self.config.neighbours, self.ef_search,
-                          synthetic=self.config.synthetic_neighbours,
-                          pool=self.config.retrieval_pool, kept=self.kept_names)
+        return neighbours(
+            self.database,
+            self.encoder,
+            [
+                {"instruction": q.instruction, "state": q.state, "action": q.action, "trajectory_id": q.trajectory_id}
+                for q in queries
+            ],
+            self.config.neighbours,
+            self.ef_search,
+            synthetic=self.config.synthetic_neighbours,
+            pool=self.config.retrieval_pool,
+            kept=self.kept_names,
+        )
 
     def framed(self, queries: Sequence[Query]) -> list[tuple[str, Query, Placeholders]]:
         """Each query as the model sees it: its prompt, the query in the prompt's names (its
@@ -167,8 +199,13 @@ class ExperienceModel:
                 names = Placeholders.of(self.kept_names, query.action, [query.state])
                 query = _renamed(query, names)
                 found = [Placeholders.own(self.kept_names, row) for row in found]
-            prompt = format_prompt(query.instruction, query.history, query.state, query.action,
-                                   [to_worked(row, traces_examples(self.config)) for row in found])
+            prompt = format_prompt(
+                query.instruction,
+                query.history,
+                query.state,
+                query.action,
+                [to_worked(row, traces_examples(self.config)) for row in found],
+            )
             framed.append((prompt, query, names))
         return framed
 
@@ -179,14 +216,20 @@ class ExperienceModel:
         """The prompts as one left-padded batch of token ids, each cut from the left to leave room
         for `max_new_tokens`."""
         budget = self.config.max_length - self.config.max_new_tokens
-        return self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True,
-                              max_length=budget).to(self.model.device)
+        return self.tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True, max_length=budget).to(
+            self.model.device
+        )
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
-                 states: Sequence[AbstractState] | None = None,
-                 changes: Sequence[Sequence[str]] | None = None,
-                 traces: Sequence[Sequence[str | None]] | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        sample: bool = False,
+        attempt: int = 0,
+        states: Sequence[AbstractState] | None = None,
+        changes: Sequence[Sequence[str]] | None = None,
+        traces: Sequence[Sequence[str | None]] | None = None,
+    ) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
         the prompts' current `states` (and experience.constrain_removals), a removal can only
         name an item the state has, an addition cannot repeat one, a reference can only name
@@ -197,18 +240,29 @@ class ExperienceModel:
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
         stated = traces_examples(self.config)  # state-diff traces state the reward and the end
-        constraint = ([DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes,
-                                       stated, traces)]
-                      if states is not None and self.config.constrain_removals else [])
+        constraint = (
+            [DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes, stated, traces)]
+            if states is not None and self.config.constrain_removals
+            else []
+        )
         output = self.model.generate(
-            **inputs, logits_processor=LogitsProcessorList(constraint),
-            max_new_tokens=self.config.max_new_tokens, do_sample=sample,
-            temperature=RETRY_TEMPERATURE if sample else None, top_p=None, top_k=None,
-            use_cache=True, cache_implementation=CACHE, stop_strings=[STOP], tokenizer=self.tokenizer,
-            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id)
-        texts = self.tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+            **inputs,
+            logits_processor=LogitsProcessorList(constraint),
+            max_new_tokens=self.config.max_new_tokens,
+            do_sample=sample,
+            temperature=RETRY_TEMPERATURE if sample else None,
+            top_p=None,
+            top_k=None,
+            use_cache=True,
+            cache_implementation=CACHE,
+            stop_strings=[STOP],
+            tokenizer=self.tokenizer,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
+        texts = self.tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         # A batch row that stopped early is padded after its stop string; cut there.
-        return [text[:text.index(STOP) + len(STOP)] if STOP in text else text for text in texts]
+        return [text[: text.index(STOP) + len(STOP)] if STOP in text else text for text in texts]
 
     def predict(self, queries: Sequence[Query]) -> list[Prediction]:
         """The predicted step of each query, in its real names (`Prediction.text` is what the
@@ -222,20 +276,30 @@ class ExperienceModel:
         pending = list(range(len(queries)))
         for attempt in range(self.config.retries + 1):
             if attempt == 0:  # greedy: the same text whatever else is in the batch
-                texts = self.generate([prompts[i] for i in pending],
-                                      states=[queries[i].state for i in pending],
-                                      changes=[shown_changes[i] for i in pending],
-                                      traces=[shown_traces[i] for i in pending])
+                texts = self.generate(
+                    [prompts[i] for i in pending],
+                    states=[queries[i].state for i in pending],
+                    changes=[shown_changes[i] for i in pending],
+                    traces=[shown_traces[i] for i in pending],
+                )
             else:  # sampled one query at a time, so that a retry does not depend on the batch
-                texts = [self.generate([prompts[i]], sample=True, attempt=attempt,
-                                       states=[queries[i].state], changes=[shown_changes[i]],
-                                       traces=[shown_traces[i]])[0]
-                         for i in pending]
+                texts = [
+                    self.generate(
+                        [prompts[i]],
+                        sample=True,
+                        attempt=attempt,
+                        states=[queries[i].state],
+                        changes=[shown_changes[i]],
+                        traces=[shown_traces[i]],
+                    )[0]
+                    for i in pending
+                ]
             still = []
             for index, text in zip(pending, texts):
                 try:
-                    completion = parse_completion(text, queries[index].state, self.config.reasoning,
-                                                  shown_changes[index], shown_traces[index])
+                    completion = parse_completion(
+                        text, queries[index].state, self.config.reasoning, shown_changes[index], shown_traces[index]
+                    )
                     results[index] = Prediction(framed[index][2].restore(completion), text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
@@ -249,10 +313,12 @@ class ExperienceModel:
 def _renamed(query: Query, names: Placeholders) -> Query:
     rename = names.forward.text
     return dataclasses.replace(
-        query, instruction=rename(query.instruction), action=rename(query.action),
+        query,
+        instruction=rename(query.instruction),
+        action=rename(query.action),
         state=names.forward.abstract(query.state),
-        history=tuple(Step(rename(step.action), step.reward, rename(step.location))
-                      for step in query.history))
+        history=tuple(Step(rename(step.action), step.reward, rename(step.location)) for step in query.history),
+    )
 
 
 class RemoteExperienceModel(ExperienceModel):
@@ -263,26 +329,41 @@ class RemoteExperienceModel(ExperienceModel):
     (HTTP 400), where the local model would left-truncate it to `max_length - max_new_tokens`.
     """
 
-    def __init__(self, config: ExperienceConfig, database=None, encoder=None, ef_search: int = 80,
-                 seed: int = 0, kept_names: frozenset[str] | None = None):
+    def __init__(
+        self,
+        config: ExperienceConfig,
+        database=None,
+        encoder=None,
+        ef_search: int = 80,
+        seed: int = 0,
+        kept_names: frozenset[str] | None = None,
+    ):
         if not (config.backend_url and config.backend_model):
-            raise ValueError("a remote experience model needs experience.backend_url and "
-                             "experience.backend_model")
+            raise ValueError("a remote experience model needs experience.backend_url and experience.backend_model")
         super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names)
         self.url = f"{config.backend_url.rstrip('/')}/completions"
 
-    def generate(self, prompts: Sequence[str], sample: bool = False, attempt: int = 0,
-                 states: Sequence[AbstractState] | None = None,
-                 changes: Sequence[Sequence[str]] | None = None,
-                 traces: Sequence[Sequence[str | None]] | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        sample: bool = False,
+        attempt: int = 0,
+        states: Sequence[AbstractState] | None = None,
+        changes: Sequence[Sequence[str]] | None = None,
+        traces: Sequence[Sequence[str | None]] | None = None,
+    ) -> list[str]:
         """Completions of `prompts` in one request: greedy, or sampled (seeded) for a retry.
         Nothing is constrained here (`states`, `changes` and `traces` are unused): the server
         decodes freely."""
         if not prompts:
             return []
-        body = {"model": self.config.backend_model, "prompt": list(prompts),
-                "max_tokens": self.config.max_new_tokens,
-                "temperature": RETRY_TEMPERATURE if sample else 0, "stop": [STOP]}
+        body = {
+            "model": self.config.backend_model,
+            "prompt": list(prompts),
+            "max_tokens": self.config.max_new_tokens,
+            "temperature": RETRY_TEMPERATURE if sample else 0,
+            "stop": [STOP],
+        }
         if sample:
             body["seed"] = sample_seed(self.seed, attempt, prompts)
         return self._texts(self._post(body), len(prompts))
@@ -297,12 +378,13 @@ class RemoteExperienceModel(ExperienceModel):
             try:
                 response = httpx.post(self.url, json=body, timeout=self.config.backend_timeout)
             except httpx.TimeoutException:
-                problem = (f"no answer within {self.config.backend_timeout:g}s; raise "
-                           "experience.backend_timeout or check the server's load")
+                problem = (
+                    f"no answer within {self.config.backend_timeout:g}s; raise "
+                    "experience.backend_timeout or check the server's load"
+                )
                 continue
             except httpx.HTTPError as error:
-                problem = (f"request failed ({error}); check experience.backend_url and that the "
-                           "server is up")
+                problem = f"request failed ({error}); check experience.backend_url and that the server is up"
                 continue
             if response.status_code == 200:
                 return response
@@ -310,44 +392,55 @@ class RemoteExperienceModel(ExperienceModel):
             if response.status_code not in _RETRIED_STATUS:
                 raise ExperienceBackendError(
                     f"experience backend {self.url}: {problem} (check experience.backend_model "
-                    f"{self.config.backend_model!r} and experience.backend_url)")
+                    f"{self.config.backend_model!r} and experience.backend_url)"
+                )
         tries = f"{retries + 1} attempt{'s' if retries else ''}"
-        raise ExperienceBackendError(f"experience backend {self.url}: {problem} ({tries}; "
-                                     "experience.backend_retries)")
+        raise ExperienceBackendError(f"experience backend {self.url}: {problem} ({tries}; experience.backend_retries)")
 
     def _texts(self, response: httpx.Response, count: int) -> list[str]:
         """The completion texts in prompt order, each ending with the stop string when the
         server stopped on it (OpenAI-style servers drop it; the parser wants the closing tag)."""
         try:
             choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
-            texts = [(choice["text"], choice.get("finish_reason"),
-                      # vLLM says which stop ended it (None: EOS); other servers only "stop"
-                      choice.get("stop_reason", STOP)) for choice in choices]
+            texts = [
+                (
+                    choice["text"],
+                    choice.get("finish_reason"),
+                    # vLLM says which stop ended it (None: EOS); other servers only "stop"
+                    choice.get("stop_reason", STOP),
+                )
+                for choice in choices
+            ]
             if not all(isinstance(text, str) for text, _, _ in texts):
                 raise TypeError("a choice's text is not a string")
         except (ValueError, KeyError, TypeError):
-            raise ExperienceBackendError(f"experience backend {self.url}: not a completions answer: "
-                                         f"{response.text[:200]}") from None
+            raise ExperienceBackendError(
+                f"experience backend {self.url}: not a completions answer: {response.text[:200]}"
+            ) from None
         if [choice["index"] for choice in choices] != list(range(count)):
             raise ExperienceBackendError(
                 f"experience backend {self.url}: {len(choices)} choices for {count} prompts "
                 f"(indices {[choice['index'] for choice in choices][:10]}); the server must answer "
-                "one completion per prompt (no `n` or `best_of` override)")
-        return [text + STOP if finish == "stop" and reason == STOP and STOP not in text else text
-                for text, finish, reason in texts]
+                "one completion per prompt (no `n` or `best_of` override)"
+            )
+        return [
+            text + STOP if finish == "stop" and reason == STOP and STOP not in text else text
+            for text, finish, reason in texts
+        ]
 
 
 @contextmanager
-def open_experience_model(model_dir: str | Path, run_dir: str | Path,
-                          config: PipelineConfig) -> Iterator[ExperienceModel]:
+def open_experience_model(
+    model_dir: str | Path, run_dir: str | Path, config: PipelineConfig
+) -> Iterator[ExperienceModel]:
     """The model in `model_dir` with its buffer and encoder, ready to predict.
 
     With experience.backend: http the model is the one the server serves; `model_dir` is read only
     for the prompt shape the model was trained with (its settings file), when it is there.
     """
-    from dreamgym.buffer.embeddings import Encoder  # noqa: PLC0415 - heavy imports, needed here only
-    from dreamgym.buffer.migrations import open_migrated  # noqa: PLC0415
-    from dreamgym.experience.model import load_experience_model  # noqa: PLC0415
+    from dreamgym.buffer.embeddings import Encoder  # heavy imports, needed here only
+    from dreamgym.buffer.migrations import open_migrated
+    from dreamgym.experience.model import load_experience_model
 
     settings = trained_settings(model_dir, config.experience)
     kept = trained_kept_names(model_dir)
@@ -355,10 +448,8 @@ def open_experience_model(model_dir: str | Path, run_dir: str | Path,
 
     def build(database, encoder) -> ExperienceModel:
         if weights is None:
-            return RemoteExperienceModel(settings, database, encoder, config.buffer.ef_search,
-                                         config.seed, kept)
-        return ExperienceModel(*weights, settings, database, encoder, config.buffer.ef_search,
-                               config.seed, kept)
+            return RemoteExperienceModel(settings, database, encoder, config.buffer.ef_search, config.seed, kept)
+        return ExperienceModel(*weights, settings, database, encoder, config.buffer.ef_search, config.seed, kept)
 
     if not settings.neighbours:
         yield build(None, None)

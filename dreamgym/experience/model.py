@@ -66,16 +66,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     bos_id = tokenizer.token_to_id(BOS)
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, bos_id)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS,
-                                   pad_token=PAD, padding_side="left",
-                                   clean_up_tokenization_spaces=False)
+        single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def _intermediate_size(hidden_size: int) -> int:
@@ -86,12 +95,18 @@ def _intermediate_size(hidden_size: int) -> int:
 def init_model(tokenizer: PreTrainedTokenizerBase, config: ModelSettings, seed: int) -> LlamaForCausalLM:
     """A randomly initialised small Llama sized by `config`; the same seed gives the same weights."""
     model_config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=config.hidden_size,
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
         intermediate_size=_intermediate_size(config.hidden_size),
-        num_hidden_layers=config.layers, num_attention_heads=config.heads,
-        num_key_value_heads=config.heads, max_position_embeddings=config.max_length,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.heads,
+        max_position_embeddings=config.max_length,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     set_seed(seed)
     model = LlamaForCausalLM(model_config)
     _sync_generation_config(model, tokenizer)
@@ -113,7 +128,9 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
     return tokenizer
 
 
-def _load(name_or_path: str | Path, dtype: torch.dtype | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load(
+    name_or_path: str | Path, dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from local files only: this workplace has no model hub, and a silent
     download attempt would hang or fail obscurely instead of naming the fix."""
     try:
@@ -125,7 +142,8 @@ def _load(name_or_path: str | Path, dtype: torch.dtype | None = None) -> tuple[P
             f"({str(error).splitlines()[0]}). "
             "Nothing is downloaded here: point experience.model at a local directory holding the "
             "model and its tokenizer (save_pretrained), pre-fill the Hugging Face cache "
-            "(HF_HOME) on a machine with access, or use 'from_scratch'") from None
+            "(HF_HOME) on a machine with access, or use 'from_scratch'"
+        ) from None
     tokenizer = _prepare_tokenizer(tokenizer)
     _sync_generation_config(model, tokenizer)
     return model, tokenizer
@@ -137,8 +155,7 @@ def load_pretrained(name_or_path: str | Path) -> tuple[PreTrainedModel, PreTrain
     return _load(name_or_path, dtype=torch.float32)
 
 
-def save_experience_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                          path: str | Path) -> Path:
+def save_experience_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
     """Save model and tokenizer together, written beside the target and renamed into place, so a
     crash never leaves a half-written model under the final name."""
     path = Path(path)
@@ -155,8 +172,9 @@ def load_experience_model(path: str | Path) -> tuple[PreTrainedModel, PreTrained
     """A trained experience model, on the inference device and dtype, in eval mode."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ModelNotFoundError(f"{path} holds no saved experience model (no config.json); train "
-                                 "one first (`train_sft`) or check the path")
+        raise ModelNotFoundError(
+            f"{path} holds no saved experience model (no config.json); train one first (`train_sft`) or check the path"
+        )
     device, dtype = device_and_dtype()
     model, tokenizer = _load(path, dtype=dtype)
     return model.to(device).eval(), tokenizer

@@ -43,8 +43,12 @@ def shown_names(state: AbstractState) -> list[str]:
 def carried_names(state: AbstractState) -> set[str]:
     """Objects the state shows carried or that can be taken."""
     names = {item_name(item) for item in state.inventory}
-    return names | {name for name in shown_names(state) for action in state.actions
-                    if action == f"take {name}" or action.startswith(f"take {name} from ")}
+    return names | {
+        name
+        for name in shown_names(state)
+        for action in state.actions
+        if action == f"take {name}" or action.startswith(f"take {name} from ")
+    }
 
 
 def kept_names(rows: Iterable[Mapping]) -> frozenset[str]:
@@ -59,8 +63,9 @@ def kept_names(rows: Iterable[Mapping]) -> frozenset[str]:
             for name in shown_names(state):
                 tasks[name].add(row["task_id"])
             carried |= carried_names(state)
-    return frozenset(name for name, seen in tasks.items()
-                     if name not in carried or len(seen) >= COMMON_TASK_SHARE * len(task_ids))
+    return frozenset(
+        name for name, seen in tasks.items() if name not in carried or len(seen) >= COMMON_TASK_SHARE * len(task_ids)
+    )
 
 
 class Placeholders:
@@ -104,8 +109,12 @@ class Placeholders:
         for field in LIST_FIELDS:
             items = getattr(next_state, field)
             if len(set(items)) != len(items):  # e.g. `obj1` and, memorised, the name it stands for
-                raise FormatError(f"{field}: the prediction names an object both by its placeholder "
-                                  "and by its real name")
-        return Completion(reasoning=(None if completion.reasoning is None
-                                     else self.backward.text(completion.reasoning)),
-                          next_state=next_state, reward=completion.reward, done=completion.done)
+                raise FormatError(
+                    f"{field}: the prediction names an object both by its placeholder and by its real name"
+                )
+        return Completion(
+            reasoning=(None if completion.reasoning is None else self.backward.text(completion.reasoning)),
+            next_state=next_state,
+            reward=completion.reward,
+            done=completion.done,
+        )

@@ -62,8 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dreamgym.experience.format import (LIST_FIELDS, acted_object, fits, state_delta,
-                                        task_mentions, whole_word)
+from dreamgym.experience.format import LIST_FIELDS, acted_object, fits, state_delta, task_mentions, whole_word
 from dreamgym.experience.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state
 
@@ -81,13 +80,12 @@ class Situation:
     action: str
     items: frozenset[str]
     acted: frozenset[str] = frozenset()  # the visible or carried items the action names
-    state: AbstractState | None = None   # the state itself, which a candidate's change must fit
+    state: AbstractState | None = None  # the state itself, which a candidate's change must fit
     relation: tuple[bool, frozenset[str]] | None = None  # to the task (task_relation)
     kinds: frozenset[str] = frozenset()  # what the items the action names are (`kinds_acted_on`)
 
 
-def task_relation(instruction: str | None, state: AbstractState,
-                  action: str) -> tuple[bool, frozenset[str]] | None:
+def task_relation(instruction: str | None, state: AbstractState, action: str) -> tuple[bool, frozenset[str]] | None:
     """How `action` stands to its task: whether the task names the item acted on, and which of
     the action's other words the task's clauses on that item use (`slice` where the recipe says
     to slice it). None for an action on no item, or no task known."""
@@ -104,12 +102,16 @@ def kinds_acted_on(state: AbstractState, action: str) -> frozenset[str]:
     names: `potato` for a purple potato, `pepper` for an orange bell pepper. A placeholder hides
     what the model cannot be told of a held-out food; whether it is edible raw, for one, goes with
     its kind."""
-    return frozenset(item_name(item).split()[-1] for item in state.visible + state.inventory
-                     if whole_word(item_name(item)).search(action))
+    return frozenset(
+        item_name(item).split()[-1]
+        for item in state.visible + state.inventory
+        if whole_word(item_name(item)).search(action)
+    )
 
 
-def situation(state: AbstractState, action: str, kept: frozenset[str] | None,
-              instruction: str | None = None) -> Situation:
+def situation(
+    state: AbstractState, action: str, kept: frozenset[str] | None, instruction: str | None = None
+) -> Situation:
     """The situation of taking `action` in `state` for the task `instruction` (None: unknown);
     `kept`: the model's kept names (None: no placeholders)."""
     relation = task_relation(instruction, state, action)
@@ -120,21 +122,25 @@ def situation(state: AbstractState, action: str, kept: frozenset[str] | None,
     items = {f"location: {state.location}"}
     for name in LIST_FIELDS:
         items.update(f"{name}: {item}" for item in getattr(state, name))
-    acted = {f"{name}: {item}" for name in ("visible", "inventory") for item in getattr(state, name)
-             if whole_word(item_name(item)).search(action)}
+    acted = {
+        f"{name}: {item}"
+        for name in ("visible", "inventory")
+        for item in getattr(state, name)
+        if whole_word(item_name(item)).search(action)
+    }
     return Situation(action, frozenset(items), frozenset(acted), state, relation, kinds)
 
 
 @lru_cache(maxsize=8192)  # ~5 kB each: a default buffer's real rows, within ~40 MB
-def stored_situation(state_text: str, action: str, kept: frozenset[str] | None,
-                     instruction: str | None = None) -> Situation:
+def stored_situation(
+    state_text: str, action: str, kept: frozenset[str] | None, instruction: str | None = None
+) -> Situation:
     """The situation of a buffer row: the same few thousand rows come back for query after query."""
     return situation(parse_state(state_text), action, kept, instruction)
 
 
 @lru_cache(maxsize=8192)
-def stored_change(state_text: str, next_state_text: str, action: str,
-                  kept: frozenset[str] | None) -> str:
+def stored_change(state_text: str, next_state_text: str, action: str, kept: frozenset[str] | None) -> str:
     """A buffer row's change, in its own placeholders: what its worked example shows."""
     row = {"state": state_text, "next_state": next_state_text, "action": action}
     if kept is not None:
@@ -142,36 +148,51 @@ def stored_change(state_text: str, next_state_text: str, action: str,
     return state_delta(parse_state(row["state"]), parse_state(row["next_state"]))
 
 
-def closeness(query: Situation, candidate: Situation,
-              change: str | None = None) -> tuple[bool, bool, bool, bool, bool, bool, float]:
+def closeness(
+    query: Situation, candidate: Situation, change: str | None = None
+) -> tuple[bool, bool, bool, bool, bool, bool, float]:
     """Larger is closer: the same action, then whether the candidate's `change` can be applied
     to the query's state, then the same relation to the task, then the same items named by the
     action, then whether what the change's actions name is open or closed alike on both sides,
     then the same kinds of items acted on, then the share of state items in common."""
     same_action = query.action == candidate.action
-    applies = (same_action and change is not None and query.state is not None
-               and fits(query.state, change))
-    opened_alike = (change is None or query.state is None or candidate.state is None
-                    or _opened(query.state, change) == _opened(candidate.state, change))
+    applies = same_action and change is not None and query.state is not None and fits(query.state, change)
+    opened_alike = (
+        change is None
+        or query.state is None
+        or candidate.state is None
+        or _opened(query.state, change) == _opened(candidate.state, change)
+    )
     union = len(query.items | candidate.items)
     shared = len(query.items & candidate.items) / union if union else 1.0
-    return (same_action, applies, query.relation == candidate.relation,
-            query.acted == candidate.acted, opened_alike, query.kinds == candidate.kinds, shared)
+    return (
+        same_action,
+        applies,
+        query.relation == candidate.relation,
+        query.acted == candidate.acted,
+        opened_alike,
+        query.kinds == candidate.kinds,
+        shared,
+    )
 
 
 def _opened(state: AbstractState, change: str) -> dict[str, str]:
     """Whether each visible thing that `change`'s available actions name is open or closed."""
     actions = " ".join(line for line in change.split("\n") if line.startswith("actions"))
-    return {item_name(item): found[1] for item in state.visible
-            if (found := _OPEN_OR_CLOSED.search(item)) and whole_word(item_name(item)).search(actions)}
+    return {
+        item_name(item): found[1]
+        for item in state.visible
+        if (found := _OPEN_OR_CLOSED.search(item)) and whole_word(item_name(item)).search(actions)
+    }
 
 
-def closest(query: Situation, candidates: Sequence[Situation], k: int,
-            changes: Sequence[str] | None = None) -> list[int]:
+def closest(
+    query: Situation, candidates: Sequence[Situation], k: int, changes: Sequence[str] | None = None
+) -> list[int]:
     """The indices of the k candidates closest to `query` (`changes`: the candidates' changes);
     ties keep the candidates' order."""
     changes = changes if changes is not None else [None] * len(candidates)
-    ranked = sorted(range(len(candidates)),
-                    key=lambda i: closeness(query, candidates[i], changes[i]),
-                    reverse=True)  # a stable sort, reversed or not
+    ranked = sorted(
+        range(len(candidates)), key=lambda i: closeness(query, candidates[i], changes[i]), reverse=True
+    )  # a stable sort, reversed or not
     return ranked[:k]

@@ -33,7 +33,7 @@ import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from transformers import (
@@ -59,8 +59,18 @@ if TYPE_CHECKING:
 
 # The settings that change what training produces; generation and example-building settings are
 # not here (the latter are already reflected in the examples themselves).
-TRAINING_FIELDS = ("model", "vocab_size", "hidden_size", "layers", "heads", "max_length", "epochs",
-                   "batch_size", "learning_rate", "warmup_ratio")
+TRAINING_FIELDS = (
+    "model",
+    "vocab_size",
+    "hidden_size",
+    "layers",
+    "heads",
+    "max_length",
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "warmup_ratio",
+)
 RESULT_FILE = "train_result.json"
 # Log about 100 points per run (a fraction < 1 is a share of the total steps for the Trainer).
 LOGGING_FRACTION = 0.01
@@ -97,6 +107,7 @@ class TrainResult:
 
 # --- examples -------------------------------------------------------------------------------
 
+
 def _with_eos(completion: str, tokenizer: PreTrainedTokenizerBase) -> str:
     """The completion as TRL tokenizes it: with EOS appended unless already there."""
     eos = tokenizer.eos_token
@@ -107,8 +118,7 @@ def _length(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str) ->
     return len(tokenizer(prompt + _with_eos(completion, tokenizer))["input_ids"])
 
 
-def fit_example(prompt: str, completion: str, tokenizer: PreTrainedTokenizerBase,
-                max_length: int) -> tuple[str, bool]:
+def fit_example(prompt: str, completion: str, tokenizer: PreTrainedTokenizerBase, max_length: int) -> tuple[str, bool]:
     """The prompt, left-truncated at a token boundary so that prompt + completion + EOS fit in
     `max_length` tokens; and whether it was cut. Re-measures after each cut because re-tokenizing
     the shortened text can merge differently at the new start."""
@@ -123,14 +133,16 @@ def fit_example(prompt: str, completion: str, tokenizer: PreTrainedTokenizerBase
             raise DreamgymError(
                 f"an example's completion alone is longer than experience.max_length = {max_length} "
                 f"tokens ({len(completion)} characters: {completion[:80]!r}...); raise "
-                "experience.max_length or shorten completions (e.g. fewer reasoning lines)")
-        fitted = prompt[offsets[dropped][0]:]
+                "experience.max_length or shorten completions (e.g. fewer reasoning lines)"
+            )
+        fitted = prompt[offsets[dropped][0] :]
         excess = _length(tokenizer, fitted, completion) - max_length
     return fitted, True
 
 
-def fit_examples(examples: Sequence[dict[str, str]], tokenizer: PreTrainedTokenizerBase,
-                 max_length: int) -> tuple[list[dict[str, str]], int]:
+def fit_examples(
+    examples: Sequence[dict[str, str]], tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> tuple[list[dict[str, str]], int]:
     """Examples that fit `max_length` (see `fit_example`), and how many were truncated."""
     fitted, truncated = [], 0
     for example in examples:
@@ -143,14 +155,19 @@ def fit_examples(examples: Sequence[dict[str, str]], tokenizer: PreTrainedTokeni
 def _check_examples(examples: Sequence[dict[str, str]], name: str) -> None:
     if not examples:
         raise DreamgymError(f"no {name} examples to train on; build examples from the buffer first")
-    bad = [i for i, example in enumerate(examples)
-           if not isinstance(example.get("prompt"), str) or not isinstance(example.get("completion"), str)]
+    bad = [
+        i
+        for i, example in enumerate(examples)
+        if not isinstance(example.get("prompt"), str) or not isinstance(example.get("completion"), str)
+    ]
     if bad:
-        raise DreamgymError(f"{len(bad)} {name} examples lack a 'prompt' or 'completion' string "
-                            f"(first at index {bad[0]})")
+        raise DreamgymError(
+            f"{len(bad)} {name} examples lack a 'prompt' or 'completion' string (first at index {bad[0]})"
+        )
 
 
 # --- the run directory ------------------------------------------------------------------------
+
 
 def _digest(examples: Sequence[dict[str, str]] | None) -> str | None:
     if examples is None:
@@ -161,11 +178,15 @@ def _digest(examples: Sequence[dict[str, str]] | None) -> str | None:
     return digest.hexdigest()
 
 
-def _run_identity(examples: Sequence[dict[str, str]], eval_examples: Sequence[dict[str, str]] | None,
-                  config: ModelSettings, seed: int) -> dict[str, Any]:
+def _run_identity(
+    examples: Sequence[dict[str, str]], eval_examples: Sequence[dict[str, str]] | None, config: ModelSettings, seed: int
+) -> dict[str, Any]:
     settings = {name: getattr(config, name) for name in TRAINING_FIELDS}
-    return {"examples": _digest(examples), "eval_examples": _digest(eval_examples),
-            "settings": {**settings, "seed": seed}}
+    return {
+        "examples": _digest(examples),
+        "eval_examples": _digest(eval_examples),
+        "settings": {**settings, "seed": seed},
+    }
 
 
 def claim_run_directory(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
@@ -186,11 +207,13 @@ def _claim_directory(output_dir: Path, identity: dict[str, Any]) -> None:
     recorded = claim_run_directory(output_dir, identity)
     if recorded is not None:
         changed = [key for key in ("examples", "eval_examples") if recorded.get(key) != identity[key]]
-        changed += [key for key, value in identity["settings"].items()
-                    if recorded.get("settings", {}).get(key) != value]
+        changed += [
+            key for key, value in identity["settings"].items() if recorded.get("settings", {}).get(key) != value
+        ]
         raise DreamgymError(
             f"{output_dir} holds a training run with different {', '.join(changed)}; use another "
-            "output directory, or pass resume=False to delete it and start afresh")
+            "output directory, or pass resume=False to delete it and start afresh"
+        )
 
 
 def _clear_directory(output_dir: Path) -> None:
@@ -210,8 +233,11 @@ def _finished_result(output_dir: Path) -> TrainResult | None:
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
     """The newest complete checkpoint: the Trainer writes trainer_state.json last, so a folder
     without it is a save that a crash interrupted."""
-    complete = [path for path in checkpoints_dir.glob("checkpoint-*")
-                if path.name.removeprefix("checkpoint-").isdigit() and (path / "trainer_state.json").is_file()]
+    complete = [
+        path
+        for path in checkpoints_dir.glob("checkpoint-*")
+        if path.name.removeprefix("checkpoint-").isdigit() and (path / "trainer_state.json").is_file()
+    ]
     return max(complete, key=lambda path: int(path.name.removeprefix("checkpoint-")), default=None)
 
 
@@ -221,8 +247,10 @@ def _checkpoint_step(checkpoint: Path | None) -> int | None:
 
 # --- model and trainer --------------------------------------------------------------------------
 
-def _model_and_tokenizer(examples: Sequence[dict[str, str]], config: ModelSettings, seed: int,
-                         checkpoint: Path | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+
+def _model_and_tokenizer(
+    examples: Sequence[dict[str, str]], config: ModelSettings, seed: int, checkpoint: Path | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """From scratch, the tokenizer learns from the training examples only (the test split never
     leaks into the vocabulary); on resume it comes from the checkpoint, exactly as it was."""
     if config.model != FROM_SCRATCH:
@@ -235,13 +263,12 @@ def _model_and_tokenizer(examples: Sequence[dict[str, str]], config: ModelSettin
     return init_model(tokenizer, config, seed), tokenizer
 
 
-def _sft_config(config: ModelSettings, output_dir: Path, seed: int, has_eval: bool,
-                progress: bool) -> SFTConfig:
+def _sft_config(config: ModelSettings, output_dir: Path, seed: int, has_eval: bool, progress: bool) -> SFTConfig:
     """TRL settings. Some TRL defaults are wrong for us and set explicitly: bf16 (TRL turns it on
     even on CPU, where it is slow), activation checkpointing (TRL turns it on; a from-scratch
     model has memory to spare and it costs ~20% speed) and report_to (metrics go through our
     callback)."""
-    from trl import SFTConfig  # noqa: PLC0415 - slow import
+    from trl import SFTConfig  # slow import
 
     cuda = torch.cuda.is_available()
     return SFTConfig(
@@ -290,12 +317,17 @@ class _MlflowMetrics(TrainerCallback):
     logged raises), logs asynchronously, names the loss `loss`, and opens a run of its own in the
     Default experiment when none is active."""
 
-    NAMES = {"loss": "train_loss", "eval_loss": "eval_loss", "learning_rate": "learning_rate",
-             "grad_norm": "grad_norm", "mean_token_accuracy": "train_token_accuracy",
-             "eval_mean_token_accuracy": "eval_token_accuracy"}
+    NAMES: ClassVar[dict[str, str]] = {
+        "loss": "train_loss",
+        "eval_loss": "eval_loss",
+        "learning_rate": "learning_rate",
+        "grad_norm": "grad_norm",
+        "mean_token_accuracy": "train_token_accuracy",
+        "eval_mean_token_accuracy": "eval_token_accuracy",
+    }
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        import mlflow  # noqa: PLC0415 - slow import
+        import mlflow  # slow import
 
         metrics = {name: float(logs[key]) for key, name in self.NAMES.items() if key in (logs or {})}
         if metrics:
@@ -312,13 +344,17 @@ def _history(log_history: list[dict[str, Any]], key: str) -> list[tuple[int, flo
 def progress_bars(enabled: bool) -> Iterator[None]:
     """TRL's dataset preparation (`datasets`) and checkpoint writing (`transformers`) show their
     own progress bars; silence them on request and restore the previous setting afterwards."""
-    import datasets  # noqa: PLC0415 - slow import
-    from transformers.utils import logging as transformers_logging  # noqa: PLC0415
+    import datasets  # slow import
+    from transformers.utils import logging as transformers_logging
 
-    switches = [(not datasets.are_progress_bars_disabled(), datasets.disable_progress_bars,
-                 datasets.enable_progress_bars),
-                (transformers_logging.is_progress_bar_enabled(), transformers_logging.disable_progress_bar,
-                 transformers_logging.enable_progress_bar)]
+    switches = [
+        (not datasets.are_progress_bars_disabled(), datasets.disable_progress_bars, datasets.enable_progress_bars),
+        (
+            transformers_logging.is_progress_bar_enabled(),
+            transformers_logging.disable_progress_bar,
+            transformers_logging.enable_progress_bar,
+        ),
+    ]
     if not enabled:
         for _, disable, _ in switches:
             disable()
@@ -331,19 +367,26 @@ def progress_bars(enabled: bool) -> Iterator[None]:
 
 
 def _require_active_mlflow_run() -> None:
-    import mlflow  # noqa: PLC0415 - slow import
+    import mlflow  # slow import
 
     if mlflow.active_run() is None:
-        raise DreamgymError("log_to_mlflow=True needs an active MLflow run: call train_sft inside "
-                            "`with mlflow.start_run():`")
+        raise DreamgymError(
+            "log_to_mlflow=True needs an active MLflow run: call train_sft inside `with mlflow.start_run():`"
+        )
 
 
 def _log_summary(result: TrainResult) -> None:
-    import mlflow  # noqa: PLC0415 - slow import
+    import mlflow  # slow import
 
-    mlflow.log_metrics({"train_seconds": result.seconds, "train_tokens_per_second": result.tokens_per_second,
-                        "truncated_examples": result.truncated, "parameters": result.parameters},
-                       step=result.steps)
+    mlflow.log_metrics(
+        {
+            "train_seconds": result.seconds,
+            "train_tokens_per_second": result.tokens_per_second,
+            "truncated_examples": result.truncated,
+            "parameters": result.parameters,
+        },
+        step=result.steps,
+    )
 
 
 def _write_result(result: TrainResult) -> None:
@@ -354,26 +397,44 @@ def _write_result(result: TrainResult) -> None:
     partial.replace(path)
 
 
-def _run_trainer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train_rows: list[dict[str, str]],
-                 eval_rows: list[dict[str, str]] | None, args: SFTConfig, checkpoint: Path | None,
-                 callbacks: list[TrainerCallback]) -> SFTTrainer:
+def _run_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train_rows: list[dict[str, str]],
+    eval_rows: list[dict[str, str]] | None,
+    args: SFTConfig,
+    checkpoint: Path | None,
+    callbacks: list[TrainerCallback],
+) -> SFTTrainer:
     """Build the SFTTrainer and train (from `checkpoint` if given); returns the trainer."""
-    from datasets import Dataset  # noqa: PLC0415 - slow import
-    from trl import SFTTrainer  # noqa: PLC0415 - slow import
+    from datasets import Dataset  # slow import
+    from trl import SFTTrainer  # slow import
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
-                         eval_dataset=Dataset.from_list(eval_rows) if eval_rows else None,
-                         processing_class=tokenizer, callbacks=callbacks)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(train_rows),
+        eval_dataset=Dataset.from_list(eval_rows) if eval_rows else None,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
     if args.disable_tqdm:  # with tqdm off the Trainer would print every log dict instead
         trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     return trainer
 
 
-def train_sft(examples: Sequence[dict[str, str]], config: ModelSettings, output_dir: Path, seed: int,
-              eval_examples: Sequence[dict[str, str]] | None = None, resume: bool = True,
-              progress: bool = True, log_to_mlflow: bool = False,
-              callbacks: Sequence[TrainerCallback] = ()) -> TrainResult:
+def train_sft(
+    examples: Sequence[dict[str, str]],
+    config: ModelSettings,
+    output_dir: Path,
+    seed: int,
+    eval_examples: Sequence[dict[str, str]] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    log_to_mlflow: bool = False,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> TrainResult:
     """Train the experience model with loss on the completions only; see the module docstring for
     the run directory, resume and truncation rules. `callbacks` are extra TrainerCallbacks (e.g. a
     UI, early stopping). With `log_to_mlflow`, metrics go to the caller's active MLflow run."""
@@ -400,19 +461,25 @@ def train_sft(examples: Sequence[dict[str, str]], config: ModelSettings, output_
     extra = [_MlflowMetrics()] if log_to_mlflow else []
     with progress_bars(progress):
         args = _sft_config(config, output_dir, seed, eval_rows is not None, progress)
-        trainer = _run_trainer(model, tokenizer, train_rows, eval_rows, args, checkpoint,
-                               [throughput, *extra, *callbacks])
+        trainer = _run_trainer(
+            model, tokenizer, train_rows, eval_rows, args, checkpoint, [throughput, *extra, *callbacks]
+        )
         model_dir = save_experience_model(trainer.model, tokenizer, output_dir / "model")
 
     eval_losses = _history(trainer.state.log_history, "eval_loss")
     result = TrainResult(
-        model_dir=model_dir, steps=trainer.state.global_step, epochs=float(trainer.state.epoch or 0.0),
+        model_dir=model_dir,
+        steps=trainer.state.global_step,
+        epochs=float(trainer.state.epoch or 0.0),
         train_losses=_history(trainer.state.log_history, "loss"),
-        eval_losses=eval_losses, eval_loss=eval_losses[-1][1] if eval_losses else None,
+        eval_losses=eval_losses,
+        eval_loss=eval_losses[-1][1] if eval_losses else None,
         seconds=time.perf_counter() - started,
-        tokens_per_second=throughput.tokens / max(throughput.seconds, 1e-9), truncated=truncated,
+        tokens_per_second=throughput.tokens / max(throughput.seconds, 1e-9),
+        truncated=truncated,
         parameters=sum(parameter.numel() for parameter in trainer.model.parameters()),
-        resumed_from=_checkpoint_step(checkpoint))
+        resumed_from=_checkpoint_step(checkpoint),
+    )
     _write_result(result)
     if log_to_mlflow:
         _log_summary(result)
@@ -422,8 +489,8 @@ def train_sft(examples: Sequence[dict[str, str]], config: ModelSettings, output_
 def plot_losses(result: TrainResult, path: str | Path) -> Path:
     """A PNG of the loss curves, to log as an artifact beside the numbers. Uses the Agg canvas
     directly, so no GUI backend or pyplot global state is involved."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 - slow import
-    from matplotlib.figure import Figure  # noqa: PLC0415
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # slow import
+    from matplotlib.figure import Figure
 
     path = Path(path)
     figure = Figure(figsize=(7, 4), dpi=100)
@@ -433,8 +500,12 @@ def plot_losses(result: TrainResult, path: str | Path) -> Path:
         if points:
             steps, losses = zip(*points, strict=True)
             axes.plot(steps, losses, style, label=label)
-    axes.set(xlabel="step", ylabel="loss (completion tokens)", yscale="log",
-             title=f"experience model SFT: {result.parameters / 1e6:.1f}M parameters, {result.steps} steps")
+    axes.set(
+        xlabel="step",
+        ylabel="loss (completion tokens)",
+        yscale="log",
+        title=f"experience model SFT: {result.parameters / 1e6:.1f}M parameters, {result.steps} steps",
+    )
     axes.grid(alpha=0.3)
     axes.legend()
     path.parent.mkdir(parents=True, exist_ok=True)

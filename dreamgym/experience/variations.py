@@ -33,8 +33,14 @@ import torch
 
 from dreamgym.curriculum import variation_id
 from dreamgym.envs.base import Task
-from dreamgym.experience.augment import (Renamer, invented_names, name_vocabulary, names_in,
-                                         object_names, renamable_names)
+from dreamgym.experience.augment import (
+    Renamer,
+    invented_names,
+    name_vocabulary,
+    names_in,
+    object_names,
+    renamable_names,
+)
 from dreamgym.experience.examples import Example
 from dreamgym.experience.generate import CACHE
 
@@ -84,29 +90,49 @@ def variation_examples(rows: Sequence[Mapping], per_task: int) -> list[Example]:
             renamer = Renamer(invented_names(present, rng, vocabulary, avoid=known))
             targets.append(renamer.row(seed))
         prompt = variation_prompt(seed["instruction"], seed["state"])
-        examples += [Example(prompt=prompt,
-                             completion=variation_completion(target["instruction"], target["state"]),
-                             trajectory_id=seed["trajectory_id"], task_id=seed["task_id"], step=0,
-                             content_hash=seed["content_hash"], objective="variation")
-                     for target in targets]
+        examples += [
+            Example(
+                prompt=prompt,
+                completion=variation_completion(target["instruction"], target["state"]),
+                trajectory_id=seed["trajectory_id"],
+                task_id=seed["task_id"],
+                step=0,
+                content_hash=seed["content_hash"],
+                objective="variation",
+            )
+            for target in targets
+        ]
     return examples
 
 
 def seed_tasks(rows: Sequence[Mapping]) -> list[Task]:
     """The tasks of `rows` as DreamEnv tasks: instruction, real initial state and max score."""
-    return [Task(task_id=row["task_id"], instruction=row["instruction"], env=row["env"],
-                 initial_state=row["state"], max_score=int(row["max_score"]))
-            for row in seed_rows(rows)]
+    return [
+        Task(
+            task_id=row["task_id"],
+            instruction=row["instruction"],
+            env=row["env"],
+            initial_state=row["state"],
+            max_score=int(row["max_score"]),
+        )
+        for row in seed_rows(rows)
+    ]
 
 
 def variant_task(seed: Task, instruction: str, state: str) -> Task:
-    return Task(task_id=variation_id(seed, instruction, state), instruction=instruction,
-                env=seed.env, initial_state=state, max_score=seed.max_score)
+    return Task(
+        task_id=variation_id(seed, instruction, state),
+        instruction=instruction,
+        env=seed.env,
+        initial_state=state,
+        max_score=seed.max_score,
+    )
 
 
 @torch.inference_mode()
-def write_variations(model, tokenizer, seeds: Sequence[Task], count: int, seed: int = 0,
-                     max_new_tokens: int = 512) -> list[Task]:
+def write_variations(
+    model, tokenizer, seeds: Sequence[Task], count: int, seed: int = 0, max_new_tokens: int = 512
+) -> list[Task]:
     """`count` sampled variants of `seeds` (taken in turn), in one batched generation.
 
     A completion that is not shaped as a task comes back with what it has (its instruction, or an
@@ -120,28 +146,38 @@ def write_variations(model, tokenizer, seeds: Sequence[Task], count: int, seed: 
     tokenizer.padding_side = "left"
     inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
     torch.manual_seed(seed)
-    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=True,
-                            temperature=SAMPLING_TEMPERATURE, top_p=None, top_k=None,
-                            use_cache=True, cache_implementation=CACHE, stop_strings=[VARIANT_STOP],
-                            tokenizer=tokenizer,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    output = model.generate(
+        **inputs,
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        temperature=SAMPLING_TEMPERATURE,
+        top_p=None,
+        top_k=None,
+        use_cache=True,
+        cache_implementation=CACHE,
+        stop_strings=[VARIANT_STOP],
+        tokenizer=tokenizer,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     variants = []
     for task, text in zip(chosen, texts):
-        text = text[:text.index(VARIANT_STOP) + len(VARIANT_STOP)] if VARIANT_STOP in text else text
+        text = text[: text.index(VARIANT_STOP) + len(VARIANT_STOP)] if VARIANT_STOP in text else text
         parsed = parse_variation(text)
         if parsed is None:  # keep what there is: the check names the part that is missing
             instruction = _TASK.search(text)
-            parsed = (instruction[1].strip() if instruction else "",
-                      f"unfinished variant: {text[-80:]!r}")
+            parsed = (instruction[1].strip() if instruction else "", f"unfinished variant: {text[-80:]!r}")
         variants.append(variant_task(task, *parsed))
     return variants
 
 
-def variation_writer(model, tokenizer, seed: int = 0,
-                     max_new_tokens: int = 512) -> Callable[[Sequence[Task], int], list[Task]]:
+def variation_writer(
+    model, tokenizer, seed: int = 0, max_new_tokens: int = 512
+) -> Callable[[Sequence[Task], int], list[Task]]:
     """`write_variations` for `Curriculum`: bound to a model, with a new sampling seed each call
     (the same sequence of seeds in every run with the same `seed`)."""
     calls = itertools.count()
-    return lambda seeds, count: write_variations(model, tokenizer, seeds, count,
-                                                 seed=seed + next(calls), max_new_tokens=max_new_tokens)
+    return lambda seeds, count: write_variations(
+        model, tokenizer, seeds, count, seed=seed + next(calls), max_new_tokens=max_new_tokens
+    )

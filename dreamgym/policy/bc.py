@@ -42,7 +42,7 @@ from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.model import FROM_SCRATCH, init_model, load_pretrained, train_tokenizer
 from dreamgym.experience.placeholders import kept_names
-from dreamgym.experience.train import TRAINING_FIELDS, RESULT_FILE, TrainResult, claim_run_directory, train_sft
+from dreamgym.experience.train import RESULT_FILE, TRAINING_FIELDS, TrainResult, claim_run_directory, train_sft
 from dreamgym.policy.model import Policy, action_completion, save_settings
 from dreamgym.policy.view import policy_input
 
@@ -86,18 +86,26 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
             continue
         actions: list[str] = []
         for row in episode:
-            view = policy_input(row["instruction"], actions, row["state"], config.history, kept,
-                                list_actions=config.mode == "generate")
+            view = policy_input(
+                row["instruction"], actions, row["state"], config.history, kept, list_actions=config.mode == "generate"
+            )
             label = row["expert_action"] if relabel else row["action"]
             if label in view.actions:
-                examples.append({"prompt": view.prompt, "completion": action_completion(view.rename(label)),
-                                 "candidates": list(view.candidates), "label": view.actions.index(label)})
+                examples.append(
+                    {
+                        "prompt": view.prompt,
+                        "completion": action_completion(view.rename(label)),
+                        "candidates": list(view.candidates),
+                        "label": view.actions.index(label),
+                    }
+                )
             actions.append(row["action"])
     return examples
 
 
-def initial_policy(examples: Sequence[dict], config: PolicyConfig, seed: int,
-                   kept: frozenset[str] | None = None) -> Policy:
+def initial_policy(
+    examples: Sequence[dict], config: PolicyConfig, seed: int, kept: frozenset[str] | None = None
+) -> Policy:
     """The untrained policy BC starts from: from scratch, a tokenizer learned from the examples'
     prompts and actions and random weights (the same ones `train_bc` starts from with the same
     seed); else the named pretrained model."""
@@ -105,10 +113,15 @@ def initial_policy(examples: Sequence[dict], config: PolicyConfig, seed: int,
         model, tokenizer = load_pretrained(config.model)
     else:
         if not examples:
-            raise DreamgymError("no real episodes to learn a policy tokenizer from; collect more data "
-                                "(collect.policy: noisy-expert records the expert's action at every step)")
-        texts = (text for e in examples
-                 for text in (e["prompt"], e["completion"], *map(action_completion, e.get("candidates", ()))))
+            raise DreamgymError(
+                "no real episodes to learn a policy tokenizer from; collect more data "
+                "(collect.policy: noisy-expert records the expert's action at every step)"
+            )
+        texts = (
+            text
+            for e in examples
+            for text in (e["prompt"], e["completion"], *map(action_completion, e.get("candidates", ())))
+        )
         tokenizer = train_tokenizer(texts, config.vocab_size)
         model = init_model(tokenizer, config, seed)
     return Policy(model, tokenizer, config, kept_names=kept).eval()
@@ -123,14 +136,23 @@ def choice_loss(distributions: Sequence[torch.Tensor], labels: Sequence[int]) ->
     return -torch.stack([distribution[label] for distribution, label in zip(distributions, labels)]).mean()
 
 
-def train_bc(examples: Sequence[dict], config: PolicyConfig, output_dir: str | Path, seed: int,
-             kept: frozenset[str] | None = None, progress: bool = True, log_to_mlflow: bool = False) -> TrainResult:
+def train_bc(
+    examples: Sequence[dict],
+    config: PolicyConfig,
+    output_dir: str | Path,
+    seed: int,
+    kept: frozenset[str] | None = None,
+    progress: bool = True,
+    log_to_mlflow: bool = False,
+) -> TrainResult:
     """Behaviour cloning with the objective of `config.mode` (module docstring). A finished run
     in `output_dir` is reused (`reused=True`); the saved folder `output_dir/model` is a loadable
     policy."""
     if not examples:
-        raise DreamgymError("no real episodes to clone: none is labelled with the expert's action and "
-                            "none was won; collect more data or lower the collection's epsilon")
+        raise DreamgymError(
+            "no real episodes to clone: none is labelled with the expert's action and "
+            "none was won; collect more data or lower the collection's epsilon"
+        )
     if config.mode == "generate":
         result = train_sft(examples, config, Path(output_dir), seed, progress=progress, log_to_mlflow=log_to_mlflow)
         save_settings(result.model_dir, config, kept)
@@ -142,8 +164,11 @@ def _identity(examples: Sequence[dict], config: PolicyConfig, seed: int) -> dict
     digest = hashlib.sha256()
     for example in examples:
         digest.update(json.dumps([example["prompt"], example["candidates"], example["label"]]).encode())
-    return {"objective": "choice", "examples": digest.hexdigest(),
-            "settings": {**{name: getattr(config, name) for name in TRAINING_FIELDS}, "seed": seed}}
+    return {
+        "objective": "choice",
+        "examples": digest.hexdigest(),
+        "settings": {**{name: getattr(config, name) for name in TRAINING_FIELDS}, "seed": seed},
+    }
 
 
 def _schedule(step: int, total: int, warmup_ratio: float) -> float:
@@ -159,30 +184,42 @@ def _token_counts(examples: Sequence[dict], policy: Policy) -> tuple[int, int]:
     tokenizer, tokens, truncated = policy.tokenizer, 0, 0
     for example in examples:
         prompt = len(tokenizer(example["prompt"])["input_ids"])
-        actions = [len(tokenizer(action_completion(action), add_special_tokens=False)["input_ids"]) + 1
-                   for action in example["candidates"]]
+        actions = [
+            len(tokenizer(action_completion(action), add_special_tokens=False)["input_ids"]) + 1
+            for action in example["candidates"]
+        ]
         tokens += prompt + sum(actions)
         truncated += prompt > max(8, policy.config.max_length - max(actions))
     return tokens, truncated
 
 
-def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Path, seed: int,
-                  kept: frozenset[str] | None, progress: bool, log_to_mlflow: bool) -> TrainResult:
+def _train_choice(
+    examples: Sequence[dict],
+    config: PolicyConfig,
+    output_dir: Path,
+    seed: int,
+    kept: frozenset[str] | None,
+    progress: bool,
+    log_to_mlflow: bool,
+) -> TrainResult:
     started = time.perf_counter()
     identity = _identity(examples, config, seed)
     recorded = claim_run_directory(output_dir, identity)
     if recorded is not None:
-        raise DreamgymError(f"{output_dir} holds a behaviour-cloning run of other examples or settings; "
-                            "use another output directory or delete it")
+        raise DreamgymError(
+            f"{output_dir} holds a behaviour-cloning run of other examples or settings; "
+            "use another output directory or delete it"
+        )
     finished = output_dir / "model" / RESULT_FILE
     if finished.is_file():
-        return dataclasses.replace(TrainResult.from_json(finished.read_text()), model_dir=output_dir / "model",
-                                   reused=True)
+        return dataclasses.replace(
+            TrainResult.from_json(finished.read_text()), model_dir=output_dir / "model", reused=True
+        )
 
     policy = initial_policy(examples, config, seed, kept).train()
     tokens, truncated = _token_counts(examples, policy)
     if log_to_mlflow:
-        import mlflow  # noqa: PLC0415 - slow import
+        import mlflow  # slow import
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate)
     total = max(1, round(len(examples) * config.epochs / config.batch_size))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _schedule(step, total, config.warmup_ratio))
@@ -193,7 +230,7 @@ def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Pa
         for step in range(total):
             if len(order) < config.batch_size:
                 order += rng.sample(range(len(examples)), len(examples))
-            batch, order = [examples[i] for i in order[:config.batch_size]], order[config.batch_size:]
+            batch, order = [examples[i] for i in order[: config.batch_size]], order[config.batch_size :]
             distributions, _ = policy.log_probs([e["prompt"] for e in batch], [e["candidates"] for e in batch])
             loss = choice_loss(distributions, [e["label"] for e in batch])
             optimizer.zero_grad()
@@ -212,9 +249,17 @@ def _train_choice(examples: Sequence[dict], config: PolicyConfig, output_dir: Pa
     policy.eval()
     model_dir = policy.save(output_dir / "model")
     seconds = time.perf_counter() - started
-    result = TrainResult(model_dir=model_dir, steps=total, epochs=config.epochs, train_losses=losses,
-                         eval_losses=[], eval_loss=None, seconds=seconds,
-                         tokens_per_second=tokens * config.epochs / seconds, truncated=truncated,
-                         parameters=sum(p.numel() for p in policy.model.parameters()))
+    result = TrainResult(
+        model_dir=model_dir,
+        steps=total,
+        epochs=config.epochs,
+        train_losses=losses,
+        eval_losses=[],
+        eval_loss=None,
+        seconds=seconds,
+        tokens_per_second=tokens * config.epochs / seconds,
+        truncated=truncated,
+        parameters=sum(p.numel() for p in policy.model.parameters()),
+    )
     (model_dir / RESULT_FILE).write_text(result.to_json())
     return result

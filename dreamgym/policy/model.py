@@ -85,20 +85,34 @@ def _segment_log_softmax(scores: torch.Tensor, sizes: Sequence[int], temperature
 class Policy(nn.Module):
     """A causal LM policy (and, for PPO, a value head on the prompt's last hidden state)."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PolicyConfig,
-                 value_head: nn.Linear | None = None, kept_names: frozenset[str] | None = None):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: PolicyConfig,
+        value_head: nn.Linear | None = None,
+        kept_names: frozenset[str] | None = None,
+    ):
         super().__init__()
         if config.placeholders and kept_names is None:
-            raise PolicyError("policy.placeholders needs the names that keep their text: pass kept_names "
-                              "(dreamgym.policy.bc.policy_kept_names of the training data)")
+            raise PolicyError(
+                "policy.placeholders needs the names that keep their text: pass kept_names "
+                "(dreamgym.policy.bc.policy_kept_names of the training data)"
+            )
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.value_head = value_head
         self.kept_names = kept_names if config.placeholders else None
 
     def view(self, observation: Observation) -> PolicyInput:
         """The prompt and candidate texts of one observation, as behaviour cloning made them."""
-        return policy_input(observation.instruction, observation.recent_actions, observation.state,
-                            self.config.history, self.kept_names, list_actions=self.config.mode == "generate")
+        return policy_input(
+            observation.instruction,
+            observation.recent_actions,
+            observation.state,
+            self.config.history,
+            self.kept_names,
+            list_actions=self.config.mode == "generate",
+        )
 
     @property
     def device(self) -> torch.device:
@@ -123,7 +137,7 @@ class Policy(nn.Module):
         for prompt in prompts:
             ids = self.tokenizer(prompt)["input_ids"]
             if len(ids) > budget:
-                ids = ids[:1] + ids[len(ids) - budget + 1:]
+                ids = ids[:1] + ids[len(ids) - budget + 1 :]
             rows.append(ids)
         width = max(len(ids) for ids in rows)
         pad = self.tokenizer.pad_token_id
@@ -131,8 +145,9 @@ class Policy(nn.Module):
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows], device=self.device)
         return input_ids, mask
 
-    def score_actions(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]],
-                      with_values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def score_actions(
+        self, prompts: Sequence[str], candidates: Sequence[Sequence[str]], with_values: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-likelihood of each candidate action given its prompt (the sum over its tokens, EOS
         included, or their mean with `action_score: mean`), flattened in order (prompt 0's
         candidates, then prompt 1's, ...); and the value of each prompt if asked. Differentiable:
@@ -140,13 +155,21 @@ class Policy(nn.Module):
         if len(prompts) != len(candidates) or any(not options for options in candidates):
             raise PolicyError("every prompt needs at least one candidate action")
         eos = self.tokenizer.eos_token_id
-        action_ids = [self.tokenizer(action_completion(action), add_special_tokens=False)["input_ids"] + [eos]
-                      for options in candidates for action in options]
+        action_ids = [
+            self.tokenizer(action_completion(action), add_special_tokens=False)["input_ids"] + [eos]
+            for options in candidates
+            for action in options
+        ]
         width = max(len(ids) for ids in action_ids)
         input_ids, mask = self._encode_prompts(prompts, reserve=width)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         output_hidden_states=with_values)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=with_values,
+        )
         first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # each action's first token
         owner = torch.tensor([i for i, options in enumerate(candidates) for _ in options], device=self.device)
         cache = out.past_key_values
@@ -154,12 +177,15 @@ class Policy(nn.Module):
             layer.keys, layer.values = layer.keys[owner], layer.values[owner]
         pad = self.tokenizer.pad_token_id
         tokens = torch.tensor([ids + [pad] * (width - len(ids)) for ids in action_ids], device=self.device)
-        token_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in action_ids],
-                                  device=self.device)
+        token_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in action_ids], device=self.device)
         lengths = mask.sum(-1)[owner]
-        rest = self.model(input_ids=tokens, attention_mask=torch.cat([mask[owner], token_mask], dim=1),
-                          position_ids=lengths[:, None] + torch.arange(width, device=self.device),
-                          past_key_values=cache, use_cache=False)
+        rest = self.model(
+            input_ids=tokens,
+            attention_mask=torch.cat([mask[owner], token_mask], dim=1),
+            position_ids=lengths[:, None] + torch.arange(width, device=self.device),
+            past_key_values=cache,
+            use_cache=False,
+        )
         following = torch.log_softmax(rest.logits[:, :-1].float(), dim=-1)
         predicted = torch.cat([first[owner][:, None], following], dim=1)  # token t from t-1's logits
         token_logprobs = predicted.gather(-1, tokens[..., None]).squeeze(-1) * token_mask
@@ -173,9 +199,13 @@ class Policy(nn.Module):
             scores = scores / token_mask.sum(-1)
         return scores, values
 
-    def log_probs(self, prompts: Sequence[str], candidates: Sequence[Sequence[str]],
-                  temperature: float = 1.0, with_values: bool = False
-                  ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    def log_probs(
+        self,
+        prompts: Sequence[str],
+        candidates: Sequence[Sequence[str]],
+        temperature: float = 1.0,
+        with_values: bool = False,
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """log π(· | prompt) over each prompt's candidates (choice mode: the softmax of the action
         scores; generate mode: the sequence likelihood of the single candidate)."""
         scores, values = self.score_actions(prompts, candidates, with_values)
@@ -186,9 +216,14 @@ class Policy(nn.Module):
     # --- acting -------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def act(self, observations: Sequence[Observation], greedy: bool = False,
-            generator: torch.Generator | None = None, temperature: float = 1.0,
-            with_values: bool = False) -> list[Decision]:
+    def act(
+        self,
+        observations: Sequence[Observation],
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
+        with_values: bool = False,
+    ) -> list[Decision]:
         """One decision per observation, all in one batched forward pass."""
         if not observations:
             return []
@@ -209,21 +244,35 @@ class Policy(nn.Module):
                 chosen = int(torch.argmax(logp))
             else:
                 chosen = int(torch.multinomial(logp.exp().cpu(), 1, generator=generator))
-            decisions.append(Decision(prompt, tuple(options), chosen, float(logp[chosen]),
-                                      float(values[i]) if values is not None else None,
-                                      actions=None if actions[i] == options else tuple(actions[i])))
+            decisions.append(
+                Decision(
+                    prompt,
+                    tuple(options),
+                    chosen,
+                    float(logp[chosen]),
+                    float(values[i]) if values is not None else None,
+                    actions=None if actions[i] == options else tuple(actions[i]),
+                )
+            )
         return decisions
 
-    def _generate(self, prompts: Sequence[str], greedy: bool, generator: torch.Generator | None,
-                  temperature: float) -> list[str]:
+    def _generate(
+        self, prompts: Sequence[str], greedy: bool, generator: torch.Generator | None, temperature: float
+    ) -> list[str]:
         """Free-text actions: the first line of each completion, stripped."""
         input_ids, mask = self._encode_prompts(prompts, reserve=self.config.max_new_tokens)
         if not greedy and generator is not None:  # generate() samples from the global RNG
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-        out = self.model.generate(input_ids=input_ids, attention_mask=mask, do_sample=not greedy,
-                                  temperature=temperature if not greedy else None, top_k=None, top_p=None,
-                                  max_new_tokens=self.config.max_new_tokens)
-        texts = self.tokenizer.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=self.config.max_new_tokens,
+        )
+        texts = self.tokenizer.batch_decode(out[:, input_ids.shape[1] :], skip_special_tokens=True)
         return [text.strip().split("\n")[0].strip() or "look" for text in texts]
 
     # --- files --------------------------------------------------------------------------------
@@ -250,8 +299,10 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     policy only works with the prompt it was trained on. `train`: float32 on the training device."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ModelNotFoundError(f"{path} holds no saved policy (no config.json); train one first "
-                                 "(`dreamgym run`) or give an MLflow URI such as models:/dreamgym-policy@champion")
+        raise ModelNotFoundError(
+            f"{path} holds no saved policy (no config.json); train one first "
+            "(`dreamgym run`) or give an MLflow URI such as models:/dreamgym-policy@champion"
+        )
     model, tokenizer = load_pretrained(path)
     device, dtype = device_and_dtype()
     model = model.to(device, dtype=torch.float32 if train else dtype)
@@ -261,8 +312,10 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     kept = None
     if settings.placeholders:
         if not (path / KEPT_NAMES_FILE).is_file():
-            raise PolicyError(f"{path} is a policy with placeholders but has no {KEPT_NAMES_FILE}; "
-                              "save it again with Policy.save or train it again (`dreamgym run`)")
+            raise PolicyError(
+                f"{path} is a policy with placeholders but has no {KEPT_NAMES_FILE}; "
+                "save it again with Policy.save or train it again (`dreamgym run`)"
+            )
         kept = frozenset(json.loads((path / KEPT_NAMES_FILE).read_text()))
     head = None
     if (path / VALUE_HEAD_FILE).is_file():

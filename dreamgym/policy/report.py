@@ -7,9 +7,14 @@ from pathlib import Path
 
 from dreamgym.plots import new_figure, save_figure
 
-CURVES = (("return_mean", "episode return"), ("success_rate", "success rate (rollouts)"),
-          ("kl", "KL to reference"), ("entropy", "policy entropy (nats)"), ("loss", "loss"),
-          ("curriculum_entropy", "curriculum entropy (bits)"))
+CURVES = (
+    ("return_mean", "episode return"),
+    ("success_rate", "success rate (rollouts)"),
+    ("kl", "KL to reference"),
+    ("entropy", "policy entropy (nats)"),
+    ("loss", "loss"),
+    ("curriculum_entropy", "curriculum entropy (bits)"),
+)
 
 
 def plot_learning_curves(history: Sequence[Mapping[str, float]], path: str | Path, title: str) -> Path:
@@ -32,8 +37,10 @@ def plot_success(rows: Sequence[Mapping], path: str | Path, title: str) -> Path:
     figure, axes = new_figure(7, 4)
     names = [row["name"] for row in rows]
     rates = [row["success_rate"] for row in rows]
-    errors = [[rate - row["ci95"][0] for rate, row in zip(rates, rows)],
-              [row["ci95"][1] - rate for rate, row in zip(rates, rows)]]
+    errors = [
+        [rate - row["ci95"][0] for rate, row in zip(rates, rows)],
+        [row["ci95"][1] - rate for rate, row in zip(rates, rows)],
+    ]
     axes.bar(names, rates, yerr=errors, capsize=6, color="#4c72b0")
     for x, rate in enumerate(rates):
         axes.text(x, rate + 0.02, f"{rate:.0%}", ha="center")

@@ -74,8 +74,8 @@ class PolicyInput:
 
     prompt: str
     candidates: tuple[str, ...]  # the texts scored
-    actions: tuple[str, ...]     # the real actions, in the same order
-    mapping: dict[str, str]      # real name -> placeholder ({} without placeholders)
+    actions: tuple[str, ...]  # the real actions, in the same order
+    mapping: dict[str, str]  # real name -> placeholder ({} without placeholders)
 
     def rename(self, action: str) -> str:
         """An action (e.g. a training label) as the model reads it."""
@@ -86,17 +86,23 @@ class PolicyInput:
         return Renamer({placeholder: name for name, placeholder in self.mapping.items()}).text(text)
 
 
-def policy_input(instruction: str, recent_actions: Sequence[str], state: str, history: int,
-                 kept: frozenset[str] | None, list_actions: bool = True) -> PolicyInput:
+def policy_input(
+    instruction: str,
+    recent_actions: Sequence[str],
+    state: str,
+    history: int,
+    kept: frozenset[str] | None,
+    list_actions: bool = True,
+) -> PolicyInput:
     """The prompt and candidates of one decision: the last `history` actions taken, and with
     `kept` (placeholders on) every other game-specific object renamed."""
     recent = list(recent_actions[-history:]) if history else []
     actions = parse_state(state).actions or ("look",)
     if kept is None:
-        return PolicyInput(policy_prompt(instruction, recent, state, list_actions), tuple(actions),
-                           tuple(actions), {})
+        return PolicyInput(policy_prompt(instruction, recent, state, list_actions), tuple(actions), tuple(actions), {})
     mapping = object_placeholders(kept, instruction, state)
     renamer = Renamer(mapping)
-    prompt = policy_prompt(renamer.text(instruction), [renamer.text(action) for action in recent],
-                           renamer.state(state), list_actions)
+    prompt = policy_prompt(
+        renamer.text(instruction), [renamer.text(action) for action in recent], renamer.state(state), list_actions
+    )
     return PolicyInput(prompt, tuple(renamer.text(action) for action in actions), tuple(actions), mapping)

@@ -33,15 +33,16 @@ def weighted_mean(values: torch.Tensor, samples: Sequence[Sample]) -> torch.Tens
 class PolicyTerms:
     """Per-decision tensors of one minibatch under the current policy."""
 
-    logp: torch.Tensor       # log π(chosen), differentiable
-    old_logp: torch.Tensor   # log π_old(chosen), as recorded while acting
-    kl: torch.Tensor         # KL(π || π_ref)
-    entropy: torch.Tensor    # entropy of π (nats; sampled estimate for free-text actions)
+    logp: torch.Tensor  # log π(chosen), differentiable
+    old_logp: torch.Tensor  # log π_old(chosen), as recorded while acting
+    kl: torch.Tensor  # KL(π || π_ref)
+    entropy: torch.Tensor  # entropy of π (nats; sampled estimate for free-text actions)
     values: torch.Tensor | None
 
 
-def policy_terms(policy: Policy, reference: Policy | None, samples: Sequence[Sample], temperature: float,
-                 with_values: bool = False) -> PolicyTerms:
+def policy_terms(
+    policy: Policy, reference: Policy | None, samples: Sequence[Sample], temperature: float, with_values: bool = False
+) -> PolicyTerms:
     """Recompute the minibatch's probabilities with gradients (and the reference's without)."""
     prompts = [sample.decision.prompt for sample in samples]
     candidates = [sample.decision.candidates for sample in samples]

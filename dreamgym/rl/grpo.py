@@ -53,18 +53,25 @@ class GRPO:
         for group in groups.values():
             returns = [episode.episode_return(self.config.reward) for episode in group]
             for episode, advantage in zip(group, group_advantages(returns)):
-                samples += [Sample(decision, advantage, weight=1.0 / episode.steps)
-                            for decision, failed in zip(episode.decisions, episode.model_failures)
-                            if not failed and advantage != 0.0]
+                samples += [
+                    Sample(decision, advantage, weight=1.0 / episode.steps)
+                    for decision, failed in zip(episode.decisions, episode.model_failures)
+                    if not failed and advantage != 0.0
+                ]
         return samples
 
-    def loss(self, policy: Policy, reference: Policy | None, samples: Sequence[Sample]
-             ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, policy: Policy, reference: Policy | None, samples: Sequence[Sample]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         terms = policy_terms(policy, reference, samples, self.config.temperature)
         advantages = torch.tensor([sample.advantage for sample in samples], device=terms.logp.device)
         surrogate = clipped_surrogate(terms.logp, terms.old_logp, advantages, self.config.clip)
-        loss = weighted_mean(surrogate + self.config.kl_coef * terms.kl - self.config.entropy_coef * terms.entropy,
-                             samples)
-        return loss, {"policy_loss": surrogate.mean().item(), "kl": terms.kl.mean().item(),
-                      "entropy": terms.entropy.mean().item(),
-                      "clip_fraction": clip_fraction(terms.logp.detach(), terms.old_logp, self.config.clip).item()}
+        loss = weighted_mean(
+            surrogate + self.config.kl_coef * terms.kl - self.config.entropy_coef * terms.entropy, samples
+        )
+        return loss, {
+            "policy_loss": surrogate.mean().item(),
+            "kl": terms.kl.mean().item(),
+            "entropy": terms.entropy.mean().item(),
+            "clip_fraction": clip_fraction(terms.logp.detach(), terms.old_logp, self.config.clip).item(),
+        }

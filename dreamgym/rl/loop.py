@@ -88,12 +88,16 @@ def collapse_warnings(history: Sequence[dict[str, float]]) -> list[str]:
         return []
     last, messages = history[-1], []
     if last.get("entropy", 1.0) < ENTROPY_FLOOR:
-        messages.append(f"epoch {last['epoch']}: policy entropy collapsed to {last['entropy']:.3f} nats "
-                        "(it no longer explores); raise rl.entropy_coef or rl.kl_coef, or lower the learning rate")
+        messages.append(
+            f"epoch {last['epoch']}: policy entropy collapsed to {last['entropy']:.3f} nats "
+            "(it no longer explores); raise rl.entropy_coef or rl.kl_coef, or lower the learning rate"
+        )
     best = max(row["success_rate"] for row in history)
     if best > 0 and last["success_rate"] == 0 and len(history) > 1:
-        messages.append(f"epoch {last['epoch']}: success rate collapsed to 0 after reaching {best:.2f}; "
-                        "lower rl.learning_rate or raise rl.kl_coef")
+        messages.append(
+            f"epoch {last['epoch']}: success rate collapsed to 0 after reaching {best:.2f}; "
+            "lower rl.learning_rate or raise rl.kl_coef"
+        )
     return messages
 
 
@@ -115,8 +119,10 @@ def _claim(output_dir: Path, identity: dict[str, Any]) -> None:
     recorded = claim_run_directory(output_dir, identity)
     if recorded is not None:
         changed = sorted(key for key in identity if recorded.get(key) != identity[key])
-        raise DreamgymError(f"{output_dir} holds an RL run with different {', '.join(changed)}; use "
-                            "another output directory or delete it to start afresh")
+        raise DreamgymError(
+            f"{output_dir} holds an RL run with different {', '.join(changed)}; use "
+            "another output directory or delete it to start afresh"
+        )
 
 
 def _epoch_dirs(output_dir: Path) -> list[Path]:
@@ -125,8 +131,9 @@ def _epoch_dirs(output_dir: Path) -> list[Path]:
     return sorted(dirs, key=lambda path: int(path.name.removeprefix("epoch-")))
 
 
-def _save_epoch(output_dir: Path, epoch: int, policy: Policy, optimizer: torch.optim.Optimizer,
-                state: dict[str, Any]) -> None:
+def _save_epoch(
+    output_dir: Path, epoch: int, policy: Policy, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     target = output_dir / "epochs" / f"epoch-{epoch}"
     shutil.rmtree(target, ignore_errors=True)
     policy.save(target / "policy")
@@ -139,11 +146,18 @@ def _save_epoch(output_dir: Path, epoch: int, policy: Policy, optimizer: torch.o
 def _minibatches(samples: list[Sample], size: int, rng: random.Random) -> list[list[Sample]]:
     order = list(range(len(samples)))
     rng.shuffle(order)
-    return [[samples[i] for i in order[start:start + size]] for start in range(0, len(order), size)]
+    return [[samples[i] for i in order[start : start + size]] for start in range(0, len(order), size)]
 
 
-def _update(policy: Policy, reference: Policy | None, algorithm: GRPO | PPO, samples: list[Sample],
-            optimizer: torch.optim.Optimizer, config: RLConfig, rng: random.Random) -> dict[str, float]:
+def _update(
+    policy: Policy,
+    reference: Policy | None,
+    algorithm: GRPO | PPO,
+    samples: list[Sample],
+    optimizer: torch.optim.Optimizer,
+    config: RLConfig,
+    rng: random.Random,
+) -> dict[str, float]:
     """`update_epochs` passes of minibatch steps; the mean of each metric over the steps."""
     totals: dict[str, float] = {}
     steps = 0
@@ -167,19 +181,30 @@ def _update(policy: Policy, reference: Policy | None, algorithm: GRPO | PPO, sam
 def _episode_metrics(episodes: Sequence[Episode], reward: str) -> dict[str, float]:
     finished = [episode for episode in episodes if not episode.cut]
     count = max(len(finished), 1)
-    return {"episodes": float(len(finished)),
-            "success_rate": sum(episode.won for episode in finished) / count,
-            "return_mean": sum(episode.episode_return(reward) for episode in finished) / count,
-            "steps_mean": sum(episode.steps for episode in finished) / count,
-            "model_failures": float(sum(sum(episode.model_failures) for episode in episodes)),
-            "cut_episodes": float(len(episodes) - len(finished))}
+    return {
+        "episodes": float(len(finished)),
+        "success_rate": sum(episode.won for episode in finished) / count,
+        "return_mean": sum(episode.episode_return(reward) for episode in finished) / count,
+        "steps_mean": sum(episode.steps for episode in finished) / count,
+        "model_failures": float(sum(sum(episode.model_failures) for episode in episodes)),
+        "cut_episodes": float(len(episodes) - len(finished)),
+    }
 
 
-def train_rl(start_policy: str | Path, make_env: Callable[[int], Env], curriculum: Curriculum,
-             config: RLConfig, output_dir: str | Path, seed: int, *, real_budget: int | None = None,
-             on_epoch: Callable[[dict[str, float]], None] | None = None,
-             on_transitions: Callable[[list[dict]], None] | None = None,
-             real_check: RealCheck | None = None, progress: bool = True) -> RLResult:
+def train_rl(
+    start_policy: str | Path,
+    make_env: Callable[[int], Env],
+    curriculum: Curriculum,
+    config: RLConfig,
+    output_dir: str | Path,
+    seed: int,
+    *,
+    real_budget: int | None = None,
+    on_epoch: Callable[[dict[str, float]], None] | None = None,
+    on_transitions: Callable[[list[dict]], None] | None = None,
+    real_check: RealCheck | None = None,
+    progress: bool = True,
+) -> RLResult:
     """Train the policy saved at `start_policy` (also the KL reference) by `config.algorithm`.
 
     `make_env(slot)` builds the environment of one rollout slot (slots are reused every epoch);
@@ -191,22 +216,45 @@ def train_rl(start_policy: str | Path, make_env: Callable[[int], Env], curriculu
     """
     with progress_bars(False):  # transformers' bars on every checkpoint save and load are noise here
         try:
-            return _train_rl(Path(start_policy), make_env, curriculum, config, Path(output_dir), seed,
-                             real_budget, on_epoch, on_transitions, real_check, progress)
+            return _train_rl(
+                Path(start_policy),
+                make_env,
+                curriculum,
+                config,
+                Path(output_dir),
+                seed,
+                real_budget,
+                on_epoch,
+                on_transitions,
+                real_check,
+                progress,
+            )
         finally:
             if real_check is not None:
                 real_check.close()
 
 
-def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Curriculum, config: RLConfig,
-              output_dir: Path, seed: int, real_budget: int | None,
-              on_epoch: Callable[[dict[str, float]], None] | None,
-              on_transitions: Callable[[list[dict]], None] | None, real_check: RealCheck | None,
-              progress: bool) -> RLResult:
+def _train_rl(
+    start_policy: Path,
+    make_env: Callable[[int], Env],
+    curriculum: Curriculum,
+    config: RLConfig,
+    output_dir: Path,
+    seed: int,
+    real_budget: int | None,
+    on_epoch: Callable[[dict[str, float]], None] | None,
+    on_transitions: Callable[[list[dict]], None] | None,
+    real_check: RealCheck | None,
+    progress: bool,
+) -> RLResult:
     started = time.perf_counter()
-    identity = {"settings": config_to_dict(config), "seed": seed, "start_policy": _policy_digest(start_policy),
-                "real_budget": real_budget,
-                "tasks": _digest(json.dumps(sorted(task.task_id for task in curriculum.seeds)))}
+    identity = {
+        "settings": config_to_dict(config),
+        "seed": seed,
+        "start_policy": _policy_digest(start_policy),
+        "real_budget": real_budget,
+        "tasks": _digest(json.dumps(sorted(task.task_id for task in curriculum.seeds))),
+    }
     _claim(output_dir, identity)
     if (output_dir / "policy" / RESULT_FILE).is_file():
         result = RLResult.from_json((output_dir / "policy" / RESULT_FILE).read_text())
@@ -224,8 +272,13 @@ def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Cu
         state = json.loads((last / STATE_FILE).read_text())
         policy = load_policy(last / "policy", train=True)
         history, budget.used, synthetic = state["history"], state["real_transitions"], state["synthetic_transitions"]
-        curriculum = Curriculum.from_state_dict(state["curriculum"], curriculum.seeds, curriculum.config,
-                                                curriculum.write_variations, curriculum.known_verbs)
+        curriculum = Curriculum.from_state_dict(
+            state["curriculum"],
+            curriculum.seeds,
+            curriculum.config,
+            curriculum.write_variations,
+            curriculum.known_verbs,
+        )
         resumed_from = state["epoch"]
     else:
         policy = load_policy(start_policy, train=True)
@@ -237,8 +290,9 @@ def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Cu
 
     envs: list[Env] = []
     first_epoch = 0 if resumed_from is None else resumed_from + 1
-    with tqdm(total=config.epochs, initial=first_epoch, desc=config.algorithm, unit="epoch",
-              disable=not progress) as bar:
+    with tqdm(
+        total=config.epochs, initial=first_epoch, desc=config.algorithm, unit="epoch", disable=not progress
+    ) as bar:
         for epoch in range(first_epoch, config.epochs):
             if budget.exhausted:
                 logger.info("real budget of %s transitions spent; stopping before epoch %s", real_budget, epoch)
@@ -249,33 +303,58 @@ def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Cu
             while len(envs) < len(slots):
                 envs.append(make_env(len(envs)))
             generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
-            episodes = play(policy, envs[:len(slots)], slots, generator=generator,
-                            temperature=config.temperature, budget=budget,
-                            with_values=algorithm.uses_values)
+            episodes = play(
+                policy,
+                envs[: len(slots)],
+                slots,
+                generator=generator,
+                temperature=config.temperature,
+                budget=budget,
+                with_values=algorithm.uses_values,
+            )
             for task in tasks:
                 group = [e for e in episodes if e.task.task_id == task.task_id and not e.cut]
                 if group:
-                    curriculum.record(task.task_id, [e.episode_return(config.reward) for e in group],
-                                      [e.won for e in group])
+                    curriculum.record(
+                        task.task_id, [e.episode_return(config.reward) for e in group], [e.won for e in group]
+                    )
             rows = [row for env in envs if isinstance(env, DreamEnv) for row in env.take_transitions()]
             synthetic += sum(1 for e in episodes if not e.real for _ in e.decisions)
             if rows and on_transitions is not None:
                 on_transitions(rows)
             checked = gap_metrics(episodes, real_check(policy, tasks, epoch)) if real_check is not None else {}
             samples = algorithm.samples(episodes, policy)
-            update = _update(policy, reference, algorithm, samples, optimizer, config,
-                             random.Random(seed * 100_003 + epoch))
-            metrics = {"epoch": float(epoch), **_episode_metrics(episodes, config.reward), **update,
-                       "samples": float(len(samples)), "real_transitions": float(budget.used),
-                       "synthetic_transitions": float(synthetic), **checked, **curriculum.metrics(),
-                       "epoch_seconds": time.perf_counter() - epoch_started}
+            update = _update(
+                policy, reference, algorithm, samples, optimizer, config, random.Random(seed * 100_003 + epoch)
+            )
+            metrics = {
+                "epoch": float(epoch),
+                **_episode_metrics(episodes, config.reward),
+                **update,
+                "samples": float(len(samples)),
+                "real_transitions": float(budget.used),
+                "synthetic_transitions": float(synthetic),
+                **checked,
+                **curriculum.metrics(),
+                "epoch_seconds": time.perf_counter() - epoch_started,
+            }
             history.append(metrics)
             for message in [*collapse_warnings(history), gap_warning(metrics)]:
                 if message:
                     logger.warning(message)
-            _save_epoch(output_dir, epoch, policy, optimizer,
-                        {"epoch": epoch, "history": history, "real_transitions": budget.used,
-                         "synthetic_transitions": synthetic, "curriculum": curriculum.state_dict()})
+            _save_epoch(
+                output_dir,
+                epoch,
+                policy,
+                optimizer,
+                {
+                    "epoch": epoch,
+                    "history": history,
+                    "real_transitions": budget.used,
+                    "synthetic_transitions": synthetic,
+                    "curriculum": curriculum.state_dict(),
+                },
+            )
             if on_epoch is not None:
                 on_epoch(metrics)
             bar.set_postfix(success=f"{metrics['success_rate']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
@@ -285,9 +364,14 @@ def _train_rl(start_policy: Path, make_env: Callable[[int], Env], curriculum: Cu
 
     final = output_dir / "policy"
     policy.save(final)
-    result = RLResult(policy_dir=final, history=history, real_transitions=budget.used,
-                      synthetic_transitions=synthetic, seconds=time.perf_counter() - started,
-                      resumed_from=resumed_from)
+    result = RLResult(
+        policy_dir=final,
+        history=history,
+        real_transitions=budget.used,
+        synthetic_transitions=synthetic,
+        seconds=time.perf_counter() - started,
+        resumed_from=resumed_from,
+    )
     partial = final / f".{RESULT_FILE}.partial"
     partial.write_text(result.to_json())
     partial.replace(final / RESULT_FILE)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      clip: float) -> torch.Tensor:
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip: float
+) -> torch.Tensor:
     """PPO's clipped objective as a loss: -min(ρA, clip(ρ, 1-ε, 1+ε)A), ρ = π/π_old."""
     ratio = torch.exp(logp - old_logp)
     return -torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages)
@@ -39,8 +40,9 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       clip: float) -> torch.Tensor:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> torch.Tensor:
     """PPO's value loss: ½ max((V - R)², (V_old + clip(V - V_old, ±ε) - R)²), so one update
     cannot move the value far from where the rollouts measured it."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)

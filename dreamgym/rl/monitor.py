@@ -26,8 +26,14 @@ GAP_WARNING = 0.25
 class RealCheck:
     """Real success of a policy on the real games behind an epoch's tasks."""
 
-    def __init__(self, make_env: Callable[[], Env], real_task: Callable[[Task], Task | None],
-                 group_size: int, temperature: float, seed: int):
+    def __init__(
+        self,
+        make_env: Callable[[], Env],
+        real_task: Callable[[Task], Task | None],
+        group_size: int,
+        temperature: float,
+        seed: int,
+    ):
         self.make_env, self.real_task = make_env, real_task
         self.group_size, self.temperature, self.seed = group_size, temperature, seed
         self.envs: list[Env] = []
@@ -41,8 +47,14 @@ class RealCheck:
         while len(self.envs) < len(slots):
             self.envs.append(self.make_env())
         generator = torch.Generator().manual_seed(self.seed * 100_019 + epoch)
-        return play(policy, self.envs[:len(slots)], slots, generator=generator,
-                    temperature=self.temperature, budget=RealBudget(None))
+        return play(
+            policy,
+            self.envs[: len(slots)],
+            slots,
+            generator=generator,
+            temperature=self.temperature,
+            budget=RealBudget(None),
+        )
 
     def close(self) -> None:
         for env in self.envs:
@@ -59,9 +71,12 @@ def gap_metrics(dream: Sequence[Episode], real: Sequence[Episode]) -> dict[str, 
         return {}
     dream_success = sum(episode.won for episode in same) / len(same)
     real_success = sum(episode.won for episode in real) / len(real)
-    return {"dream_success_checked": dream_success, "real_success_rate": real_success,
-            "dream_real_gap": dream_success - real_success,
-            "real_check_transitions": float(sum(episode.steps for episode in real))}
+    return {
+        "dream_success_checked": dream_success,
+        "real_success_rate": real_success,
+        "dream_real_gap": dream_success - real_success,
+        "real_check_transitions": float(sum(episode.steps for episode in real)),
+    }
 
 
 def gap_warning(metrics: dict[str, float]) -> str | None:
@@ -69,7 +84,9 @@ def gap_warning(metrics: dict[str, float]) -> str | None:
     gap = metrics.get("dream_real_gap")
     if gap is None or gap < GAP_WARNING:
         return None
-    return (f"epoch {metrics['epoch']:.0f}: success {metrics['dream_success_checked']:.2f} in DreamEnv but "
-            f"{metrics['real_success_rate']:.2f} in the real games of the same tasks: RL may be exploiting "
-            "the experience model's mistakes; stop earlier (rl.epochs), raise rl.kl_coef, or improve the "
-            "experience model")
+    return (
+        f"epoch {metrics['epoch']:.0f}: success {metrics['dream_success_checked']:.2f} in DreamEnv but "
+        f"{metrics['real_success_rate']:.2f} in the real games of the same tasks: RL may be exploiting "
+        "the experience model's mistakes; stop earlier (rl.epochs), raise rl.kl_coef, or improve the "
+        "experience model"
+    )

@@ -24,8 +24,9 @@ from dreamgym.rl.losses import clip_fraction, clipped_surrogate, clipped_value_l
 from dreamgym.rl.rollout import Episode
 
 
-def gae(rewards: Sequence[float], values: Sequence[float], last_value: float, gamma: float,
-        lam: float) -> tuple[list[float], list[float]]:
+def gae(
+    rewards: Sequence[float], values: Sequence[float], last_value: float, gamma: float, lam: float
+) -> tuple[list[float], list[float]]:
     """Generalised advantage estimates and return targets of one episode (see the module docstring)."""
     if len(rewards) != len(values):
         raise ValueError(f"{len(rewards)} rewards but {len(values)} values")
@@ -46,13 +47,19 @@ class PPO:
 
     def _bootstrap_values(self, episodes: Sequence[Episode], policy: Policy) -> dict[int, float]:
         """V of the state each truncated episode stopped at, in one batched pass."""
-        truncated = [i for i, episode in enumerate(episodes)
-                     if episode.truncated and not episode.terminated and episode.final_state]
+        truncated = [
+            i
+            for i, episode in enumerate(episodes)
+            if episode.truncated and not episode.terminated and episode.final_state
+        ]
         if not truncated:
             return {}
-        observations = [Observation(episodes[i].task.instruction,
-                                    tuple(d.action for d in episodes[i].decisions), episodes[i].final_state)
-                        for i in truncated]
+        observations = [
+            Observation(
+                episodes[i].task.instruction, tuple(d.action for d in episodes[i].decisions), episodes[i].final_state
+            )
+            for i in truncated
+        ]
         decisions = policy.act(observations, greedy=True, with_values=True)
         return {i: decision.value for i, decision in zip(truncated, decisions)}
 
@@ -62,19 +69,31 @@ class PPO:
         raw = []
         for i, episode in enumerate(learnable):
             values = [decision.value for decision in episode.decisions]
-            advantages, targets = gae(episode.step_rewards(self.config.reward), values, bootstrap.get(i, 0.0),
-                                      self.config.gamma, self.config.lam)
-            raw += [(decision, advantage, target)
-                    for decision, advantage, target, failed
-                    in zip(episode.decisions, advantages, targets, episode.model_failures) if not failed]
+            advantages, targets = gae(
+                episode.step_rewards(self.config.reward),
+                values,
+                bootstrap.get(i, 0.0),
+                self.config.gamma,
+                self.config.lam,
+            )
+            raw += [
+                (decision, advantage, target)
+                for decision, advantage, target, failed in zip(
+                    episode.decisions, advantages, targets, episode.model_failures
+                )
+                if not failed
+            ]
         if not raw:
             return []
         normalised = normalise(torch.tensor([advantage for _, advantage, _ in raw])).tolist()
-        return [Sample(decision, advantage, target, decision.value)
-                for (decision, _, target), advantage in zip(raw, normalised)]
+        return [
+            Sample(decision, advantage, target, decision.value)
+            for (decision, _, target), advantage in zip(raw, normalised)
+        ]
 
-    def loss(self, policy: Policy, reference: Policy | None, samples: Sequence[Sample]
-             ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, policy: Policy, reference: Policy | None, samples: Sequence[Sample]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         terms = policy_terms(policy, reference, samples, self.config.temperature, with_values=True)
         device = terms.logp.device
         advantages = torch.tensor([sample.advantage for sample in samples], device=device)
@@ -82,8 +101,16 @@ class PPO:
         old_values = torch.tensor([sample.old_value for sample in samples], device=device)
         surrogate = clipped_surrogate(terms.logp, terms.old_logp, advantages, self.config.clip)
         value_loss = clipped_value_loss(terms.values, old_values, targets, self.config.clip)
-        loss = (surrogate + self.config.value_coef * value_loss + self.config.kl_coef * terms.kl
-                - self.config.entropy_coef * terms.entropy).mean()
-        return loss, {"policy_loss": surrogate.mean().item(), "value_loss": value_loss.mean().item(),
-                      "kl": terms.kl.mean().item(), "entropy": terms.entropy.mean().item(),
-                      "clip_fraction": clip_fraction(terms.logp.detach(), terms.old_logp, self.config.clip).item()}
+        loss = (
+            surrogate
+            + self.config.value_coef * value_loss
+            + self.config.kl_coef * terms.kl
+            - self.config.entropy_coef * terms.entropy
+        ).mean()
+        return loss, {
+            "policy_loss": surrogate.mean().item(),
+            "value_loss": value_loss.mean().item(),
+            "kl": terms.kl.mean().item(),
+            "entropy": terms.entropy.mean().item(),
+            "clip_fraction": clip_fraction(terms.logp.detach(), terms.old_logp, self.config.clip).item(),
+        }

@@ -77,9 +77,17 @@ def _step(envs: Sequence[Env], actions: Sequence[str]) -> list[tuple]:
     return [env.step(action) for env, action in zip(envs, actions)]
 
 
-def play(policy: Policy, envs: Sequence[Env], tasks: Sequence[Task], *, greedy: bool = False,
-         generator: torch.Generator | None = None, temperature: float = 1.0,
-         budget: RealBudget | None = None, with_values: bool = False) -> list[Episode]:
+def play(
+    policy: Policy,
+    envs: Sequence[Env],
+    tasks: Sequence[Task],
+    *,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    temperature: float = 1.0,
+    budget: RealBudget | None = None,
+    with_values: bool = False,
+) -> list[Episode]:
     """Play `tasks[i]` in `envs[i]` until every episode ends (or the budget cuts it)."""
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} environments for {len(tasks)} tasks")
@@ -101,8 +109,9 @@ def play(policy: Policy, envs: Sequence[Env], tasks: Sequence[Task], *, greedy: 
         if not running:
             return episodes
         observations = [Observation(tasks[i].instruction, tuple(actions_taken[i]), states[i]) for i in running]
-        decisions = policy.act(observations, greedy=greedy, generator=generator, temperature=temperature,
-                               with_values=with_values)
+        decisions = policy.act(
+            observations, greedy=greedy, generator=generator, temperature=temperature, with_values=with_values
+        )
         results = _step([envs[i] for i in running], [decision.action for decision in decisions])
         for i, decision, (state, reward, terminated, truncated, info) in zip(running, decisions, results):
             episode = episodes[i]
