@@ -28,8 +28,9 @@ import torch
 from common import machine, model_setup
 
 from dreamgym.data.schema import read_transitions
+from dreamgym.envs.dynamics import Query
 from dreamgym.experience.examples import history_of
-from dreamgym.experience.generate import Query, open_experience_model
+from dreamgym.experience.generate import open_experience_model
 from dreamgym.state import parse_state
 
 

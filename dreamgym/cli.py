@@ -35,6 +35,21 @@ ParamsOption = Annotated[
 ]
 
 
+# The flows the CLI starts, named by entrypoint as a deployment names them: the library never imports
+# flows/ (the flows import the library).
+PIPELINE = "flows.pipeline:pipeline"
+BENCH = "flows.bench:bench"
+ABLATION = "flows.train_experience:ablation"
+
+
+def _start_flow(entrypoint: str, *args: Any, **kwargs: Any) -> Any:
+    """Run a flow of flows/ in this process. Call after `configure_services`: Prefect reads its
+    settings when it is imported."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    return load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)(*args, **kwargs)
+
+
 def _config(params: Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     return load_config(params, {k: v for k, v in (overrides or {}).items() if v is not None})
 
@@ -56,11 +71,9 @@ def run(
     from dreamgym.tracking import configure_services
 
     services = configure_services(params.resolve().parent / config.paths.run_dir)
-    from flows.pipeline import pipeline, pipeline_rows  # imports Prefect, after its settings
-
-    summary = pipeline(str(params), refresh=refresh, until=until)
+    result = _start_flow(PIPELINE, str(params), refresh=refresh, until=until)
     table = Table(title="dreamgym run", show_header=False)
-    for label, value in pipeline_rows(summary):
+    for label, value in result.rows():
         table.add_row(label, value)
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)  # a log file gets whole rows
     out.print(table)
@@ -146,9 +159,9 @@ def bench(
     row_names = [name.strip() for name in rows.split(",")] if rows else None
     bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
     configure_services(params.resolve().parent / config.paths.run_dir)
-    from flows.bench import bench as run_bench  # imports Prefect, after its settings
-
-    results = run_bench(str(params), str(games), str(json_out), seed_list, real_budget, row_names, held_out=held_out)
+    results = _start_flow(
+        BENCH, str(params), str(games), str(json_out), seed_list, real_budget, row_names, held_out=held_out
+    )
     Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)
 
 
@@ -302,7 +315,7 @@ def buffer_query(
     task: Annotated[str, typer.Option(help="A task id in the buffer, or a task instruction.")],
     state: Annotated[str, typer.Option(help="The abstract state text.")],
     action: Annotated[str, typer.Option(help="The action.")],
-    k: Annotated[int | None, typer.Option("-k", "--k", min=1, help="Neighbours [default: buffer.top_k].")] = None,
+    k: Annotated[int, typer.Option("-k", "--k", min=1, max=1000, help="Neighbours to return.")] = 4,
     env: Annotated[str | None, typer.Option(help="Only this environment.")] = None,
     source: Annotated[str | None, typer.Option(help="Only real or synthetic transitions.")] = None,
     exclude_task: Annotated[bool, typer.Option(help="Leave out the query's own task.")] = False,
@@ -316,7 +329,7 @@ def buffer_query(
     from dreamgym.buffer.embeddings import Encoder, transition_text
     from dreamgym.buffer.retrieval import Filters, search
 
-    config = _config(params, {"buffer.top_k": k, "buffer.ef_search": ef_search})
+    config = _config(params, {"buffer.ef_search": ef_search})
     if source not in (None, "real", "synthetic"):
         raise DreamgymError(f"--source must be real or synthetic, got {source!r}")
     with _open_buffer(params, config) as database:
@@ -326,7 +339,7 @@ def buffer_query(
             ).scalar()
         filters = Filters(env=env, source=source, exclude_task_id=task if exclude_task and instruction else None)
         vector = Encoder(config.buffer.encoder).encode([transition_text(instruction or task, state, action)])
-        [neighbours] = search(database, vector, config.buffer.top_k, filters, config.buffer.ef_search)
+        [neighbours] = search(database, vector, k, filters, config.buffer.ef_search)
     hits = [{"similarity": round(n.similarity, 6), **n.transition} for n in neighbours]
     if as_json:
         print(json.dumps(hits, indent=2))
@@ -389,14 +402,14 @@ def experience_eval(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Fidelity of an experience model against the real game, on real transitions it never saw."""
-    import mlflow
 
+    from dreamgym.data.collect import collect_held_out
     from dreamgym.data.schema import read_transitions
-    from dreamgym.experience.fidelity import collect_real, evaluate
+    from dreamgym.experience.fidelity import evaluate
     from dreamgym.experience.generate import open_experience_model
     from dreamgym.experience.report import log_fidelity
     from dreamgym.registry import resolve_model
-    from dreamgym.tracking import configure_services, experiment_id
+    from dreamgym.tracking import configure_services, stage_run
 
     config = _config(params, {"experience.eval_games": eval_games})
     project = params.resolve().parent
@@ -405,14 +418,11 @@ def experience_eval(
         raise DreamgymError(f"--games {games}: no such folder; make held-out games with `dreamgym games --split test`")
     configure_services(run_dir)
     model_dir, label = resolve_model(model, run_dir / "models")
-    real = collect_real(
+    real = collect_held_out(
         games, project / config.paths.outputs_dir / "experience" / f"eval-{games.resolve().name}.parquet", config
     )
-    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
-    with mlflow.start_run(run_name="experience-eval"):
-        mlflow.set_tags(
-            {"dreamgym.stage": "experience-eval", "dreamgym.model": label, "dreamgym.eval_games": str(games.resolve())}
-        )
+    tags = {"dreamgym.model": label, "dreamgym.eval_games": str(games.resolve())}
+    with stage_run("experience-eval", config, project, tags=tags):
         with open_experience_model(model_dir, run_dir, config) as experience:
             report = evaluate(
                 experience, read_transitions(real).to_pylist(), config.experience.multi_step, progress=True
@@ -439,14 +449,10 @@ def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
     """Train and measure the experience model without retrieval, history or reasoning (same data,
     seed and budget); writes outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
     config = _config(params)
-    project_dir = params.resolve().parent
     from dreamgym.tracking import configure_services
 
-    configure_services(project_dir / config.paths.run_dir)
-    from flows.ingest import ingest  # imports Prefect, after its settings are set
-    from flows.train_experience import ablate_experience
-
-    result = ablate_experience(config, ingest(config, str(project_dir)), str(project_dir))
+    configure_services(params.resolve().parent / config.paths.run_dir)
+    result = _start_flow(ABLATION, str(params))
     Console(soft_wrap=True).print(result["table"])
 
 
@@ -488,7 +494,6 @@ def policy_eval(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Success rate of a policy in the real game on held-out games, with its 95% interval."""
-    import mlflow
 
     from dreamgym.envs.textworld_env import load_task
     from dreamgym.evaluation import (
@@ -501,7 +506,7 @@ def policy_eval(
     )
     from dreamgym.policy.model import load_policy
     from dreamgym.registry import resolve_model
-    from dreamgym.tracking import configure_services, experiment_id, git_commit
+    from dreamgym.tracking import configure_services, stage_run
 
     config = _config(
         params,
@@ -526,25 +531,15 @@ def policy_eval(
     configure_services(run_dir)
     policy_dir, label = resolve_model(policy, run_dir / "models")
     agent = load_policy(policy_dir, config.policy)
-    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
-    with mlflow.start_run(run_name="policy-eval"):
-        mlflow.set_tags(
-            {
-                "dreamgym.stage": "policy-eval",
-                "dreamgym.policy": label,
-                "dreamgym.eval_games": str(games.resolve()),
-                "dreamgym.git_commit": git_commit(project),
-            }
-        )
-        mlflow.log_params(
-            {
-                "games": len(game_files),
-                "episodes_per_game": settings.episodes_per_game,
-                "seed": config.seed,
-                "max_steps": settings.max_steps,
-                "greedy": settings.greedy,
-            }
-        )
+    tags = {"dreamgym.policy": label, "dreamgym.eval_games": str(games.resolve())}
+    eval_params = {
+        "games": len(game_files),
+        "episodes_per_game": settings.episodes_per_game,
+        "seed": config.seed,
+        "max_steps": settings.max_steps,
+        "greedy": settings.greedy,
+    }
+    with stage_run("policy-eval", config, project, tags=tags, params=eval_params):
         report = evaluate_policy(
             agent,
             game_files,

@@ -31,8 +31,23 @@ class ConfigError(DreamgymError):
     """A parameter file or value that cannot be used, with what to change."""
 
 
-def _help(text: str, **constraints: Any) -> Any:
-    return Field(description=text, **constraints)
+def _help(text: str, part: str | None = None, **constraints: Any) -> Any:
+    """A field's help text and bounds; `part` names the part of its section the field belongs to
+    (`config_part` reads it), so that what depends on a part is derived, not listed by hand."""
+    return Field(description=text, json_schema_extra={"part": part} if part else None, **constraints)
+
+
+def config_part(config: Any, *parts: str) -> dict[str, Any]:
+    """The values of the fields of `config` that belong to any of `parts`, e.g. the settings that
+    shape the experience model's prompt: `config_part(config.experience, "prompt")`."""
+    found = {
+        name: getattr(config, name)
+        for name, field in type(config).__pydantic_fields__.items()
+        if (field.json_schema_extra or {}).get("part") in parts
+    }
+    if not found:
+        raise ValueError(f"{type(config).__name__} has no field in part(s) {', '.join(parts)}")
+    return found
 
 
 # Game i of a split is made with seed * GAME_SEED_STRIDE + i (dreamgym.data.games), and tw-make
@@ -141,13 +156,11 @@ class BufferConfig:
     ef_search: Annotated[
         int,
         _help(
-            "HNSW candidate list size at query time (recall vs speed; "
-            "80 gives recall@10 0.96 in ~4 ms at 100k rows, see benchmarks/buffer.py).",
+            "HNSW candidate list size at query time (recall vs speed; measured by benchmarks/buffer.py).",
             ge=1,
             le=1000,
         ),
     ] = 80
-    top_k: Annotated[int, _help("Neighbours returned by a query unless asked otherwise.", ge=1, le=1000)] = 4
     bulk_load_fraction: Annotated[
         float,
         _help(
@@ -180,7 +193,9 @@ class ExperienceConfig:
     """The experience model: SFT examples, the causal LM, training, generation, fidelity."""
 
     # Examples (the ablations are these three set to 0 / false)
-    history: Annotated[int, _help("h: previous steps of the episode shown in the prompt.", ge=0, le=50)] = 3
+    history: Annotated[
+        int, _help("h: previous steps of the episode shown in the prompt.", ge=0, le=50, part="prompt")
+    ] = 3
     neighbours: Annotated[
         int,
         _help(
@@ -188,6 +203,7 @@ class ExperienceConfig:
             "prompt (never from the same trajectory); 0 turns retrieval off.",
             ge=0,
             le=32,
+            part="prompt",
         ),
     ] = 1
     retrieval_pool: Annotated[
@@ -199,55 +215,55 @@ class ExperienceConfig:
             "0: the k nearest by embedding.",
             ge=0,
             le=1000,
+            part="prompt",
         ),
     ] = 600
-    reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.")] = True
+    reasoning: Annotated[bool, _help("Train and generate a reasoning trace before the next state.", part="prompt")] = (
+        True
+    )
     copy_examples: Annotated[
         bool,
         _help(
             "Completions name a worked example whose change is the answer ('same as example 1') "
             "instead of writing that change out, and the parser puts the example's change in its "
-            "place (experience/format.py); false: every change written out. The small model copied "
-            "examples badly: held-out exact match 43.7% -> 60.9% with it, parse failures 0% -> 8.4% "
-            "(1.4% once decoding names only examples that fit, constrain_removals)."
+            "place (experience/format.py); false: every change written out (a small model copies "
+            "a shown change badly when it writes it out).",
+            part="prompt",
         ),
     ] = True
     synthetic_neighbours: Annotated[
         bool,
         _help(
             "Let retrieval return synthetic transitions (written back by DreamEnv) as worked "
-            "examples; off: real ones only, as grounding."
+            "examples; off: real ones only, as grounding.",
+            part="retrieval",
         ),
     ] = False
     annotator: Annotated[
         Literal["state-diff", "openai"],
         _help(
             "Who writes reasoning traces: 'state-diff' derives them from the state change; 'openai' "
-            "asks an OpenAI-compatible endpoint (annotator_url, annotator_model)."
+            "asks an OpenAI-compatible endpoint (annotator_url, annotator_model).",
+            part="prompt",
         ),
     ] = "state-diff"
     annotator_url: Annotated[
-        str, _help("Base URL of the OpenAI-compatible server, e.g. http://localhost:8000/v1 (annotator: openai).")
+        str,
+        _help(
+            "Base URL of the OpenAI-compatible server, e.g. http://localhost:8000/v1 (annotator: openai).",
+            part="prompt",
+        ),
     ] = ""
-    annotator_model: Annotated[str, _help("Model name to ask (annotator: openai).")] = ""
+    annotator_model: Annotated[str, _help("Model name to ask (annotator: openai).", part="prompt")] = ""
     placeholders: Annotated[
         bool,
         _help(
             "Show game-specific carried objects (the ingredients) to the model as obj1, obj2, ... in "
             "each prompt and put their names back in its predictions, so that it handles foods it "
-            "never saw in training (experience/placeholders.py)."
+            "never saw in training (dreamgym/placeholders.py).",
+            part="prompt",
         ),
     ] = True
-    renamed_copies: Annotated[
-        int,
-        _help(
-            "Copies of each training example with every carried object given an invented name, so "
-            "that the model learns to copy names from the prompt instead of memorising the training "
-            "games' objects (0: none).",
-            ge=0,
-            le=16,
-        ),
-    ] = 0
     variations_per_task: Annotated[
         int,
         _help(
@@ -255,6 +271,7 @@ class ExperienceConfig:
             "curriculum uses to write new tasks (0: the model writes no variations).",
             ge=0,
             le=64,
+            part="examples",
         ),
     ] = 4
     # Model
@@ -264,65 +281,91 @@ class ExperienceConfig:
             "A Hugging Face causal LM name or local path, or 'from_scratch' for "
             "a tokenizer and small Llama trained on the examples.",
             min_length=1,
+            part="model",
         ),
     ] = "from_scratch"
-    vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 2048
-    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 192
-    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 3
-    heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
+    vocab_size: Annotated[
+        int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536, part="model")
+    ] = 2048
+    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16, part="model")] = 192
+    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1, part="model")] = 3
+    heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1, part="model")] = 4
     max_length: Annotated[
-        int, _help("Longest prompt + completion in tokens; longer examples are left-truncated in the prompt.", ge=64)
+        int,
+        _help(
+            "Longest prompt + completion in tokens; longer examples are left-truncated in the prompt.",
+            ge=64,
+            part="model",
+        ),
     ] = 1024
     # Training
-    epochs: Annotated[float, _help("Passes over the training examples (renamed copies included).", gt=0)] = 4.0
-    batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1)] = 8
-    learning_rate: Annotated[float, _help("Peak learning rate (cosine schedule after warmup).", gt=0)] = 2e-3
-    warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1)] = 0.05
+    epochs: Annotated[float, _help("Passes over the training examples.", gt=0, part="training")] = 4.0
+    batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1, part="training")] = 8
+    learning_rate: Annotated[
+        float, _help("Peak learning rate (cosine schedule after warmup).", gt=0, part="training")
+    ] = 2e-3
+    warmup_ratio: Annotated[float, _help("Fraction of steps spent warming up.", ge=0, lt=1, part="training")] = 0.05
     save_steps: Annotated[
-        int, _help("Checkpoint every this many steps (training resumes from the last one).", ge=1)
+        int, _help("Checkpoint every this many steps (training resumes from the last one).", ge=1, part="checkpoints")
     ] = 100
     # Generation and evaluation
     max_new_tokens: Annotated[
         int,
         _help(
-            "Longest completion generated (a completion that never ends runs to it and holds up its whole batch).", ge=8
+            "Longest completion generated (a completion that never ends runs to it and holds up its whole batch).",
+            ge=8,
+            part="generation",
         ),
     ] = 320
-    constrain_removals: Annotated[
+    constrained_decoding: Annotated[
         bool,
         _help(
-            "Constrained decoding of the next state's list changes: a removal names only an item the "
+            "Constrained decoding, four rules (the local backend only): a removal names only an item the "
             "current state has, an addition or a replacement line never repeats an item, 'same "
             "as example i' names only an example whose change fits the state, and the reward and "
-            "done are the ones the state-diff reasoning stated (the local backend only)."
+            "done are the ones the state-diff reasoning stated.",
+            part="generation",
         ),
     ] = True
     retries: Annotated[
-        int, _help("Sampled retries of a completion that does not parse, before it is reported as a failure.", ge=0)
+        int,
+        _help(
+            "Sampled retries of a completion that does not parse, before it is reported as a failure.",
+            ge=0,
+            part="generation",
+        ),
     ] = 2
     backend: Annotated[
         Literal["local", "http"],
         _help(
             "Where completions are generated: 'local' runs the model with transformers in-process; "
             "'http' asks an OpenAI-compatible completions endpoint (backend_url, backend_model), "
-            "e.g. `vllm serve <model_dir>` on a GPU box."
+            "e.g. `vllm serve <model_dir>` on a GPU box.",
+            part="backend",
         ),
     ] = "local"
     backend_url: Annotated[
-        str, _help("Base URL of the completions server, e.g. http://gpu-box:8000/v1 (backend: http).")
+        str, _help("Base URL of the completions server, e.g. http://gpu-box:8000/v1 (backend: http).", part="backend")
     ] = ""
-    backend_model: Annotated[str, _help("The served model's name, as the server lists it (backend: http).")] = ""
-    backend_timeout: Annotated[float, _help("Seconds to wait for one batch's answer (backend: http).", gt=0)] = 60.0
+    backend_model: Annotated[
+        str, _help("The served model's name, as the server lists it (backend: http).", part="backend")
+    ] = ""
+    backend_timeout: Annotated[
+        float, _help("Seconds to wait for one batch's answer (backend: http).", gt=0, part="backend")
+    ] = 60.0
     backend_retries: Annotated[
         int,
         _help(
             "Retries, with exponential backoff, of a request that fails to connect, times out or gets "
             "HTTP 429/5xx (backend: http).",
             ge=0,
+            part="backend",
         ),
     ] = 3
-    eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0)] = 20
-    multi_step: Annotated[int, _help("Open-loop steps replayed through the model per episode.", ge=0)] = 10
+    eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0, part="evaluation")] = 20
+    multi_step: Annotated[
+        int, _help("Open-loop steps replayed through the model per episode.", ge=0, part="evaluation")
+    ] = 10
 
     def __post_init__(self) -> None:
         if self.annotator == "openai" and not (self.annotator_url and self.annotator_model):
@@ -341,12 +384,6 @@ class ExperienceConfig:
                 f"retrieval_pool ({self.retrieval_pool}) is smaller than neighbours "
                 f"({self.neighbours}): fetch at least as many candidates as are shown, "
                 "or set retrieval_pool: 0 for the nearest by embedding"
-            )
-        if self.placeholders and self.renamed_copies:
-            raise ValueError(
-                f"renamed_copies ({self.renamed_copies}) with placeholders: a renamed "
-                "copy shows the same placeholders as its original; set "
-                "renamed_copies: 0, or placeholders: false"
             )
 
 
@@ -390,23 +427,27 @@ class CurriculumConfig:
 class PolicyConfig:
     """The agent's causal LM (`dreamgym/policy/`) and its behaviour-cloning warm start."""
 
-    history: Annotated[int, _help("Previous actions of the episode shown in the prompt.", ge=0, le=50)] = 2
+    history: Annotated[
+        int, _help("Previous actions of the episode shown in the prompt.", ge=0, le=50, part="prompt")
+    ] = 2
     mode: Annotated[
         Literal["choice", "generate"],
         _help(
             "'choice': score every available action by its log-likelihood and sample from the softmax "
             "over them (exact log-probs, valid actions by construction); 'generate': free text, for "
-            "large instruction models (an unavailable action changes nothing, as in the game)."
+            "large instruction models (an unavailable action changes nothing, as in the game).",
+            part="prompt",
         ),
     ] = "choice"
-    max_new_tokens: Annotated[int, _help("mode generate: longest action generated.", ge=1)] = 16
+    max_new_tokens: Annotated[int, _help("mode generate: longest action generated.", ge=1, part="generation")] = 16
     action_score: Annotated[
         Literal["mean", "sum"],
         _help(
             "mode choice: an action's score is the 'mean' or the 'sum' of its tokens' log-likelihoods. "
             "'sum' makes an untrained model pick the shortest action almost surely (every token costs "
             "~log(vocabulary) nats), so RL never sees a success to learn from; 'mean' starts it near "
-            "uniform over the available actions."
+            "uniform over the available actions.",
+            part="prompt",
         ),
     ] = "mean"
     placeholders: Annotated[
@@ -414,7 +455,8 @@ class PolicyConfig:
         _help(
             "Show game-specific objects as obj1, obj2 (named by the task, in its order) and other1, "
             "other2 (the rest), so that what the policy learns about one food carries to foods it "
-            "never saw (dreamgym/policy/view.py)."
+            "never saw (dreamgym/policy/view.py).",
+            part="prompt",
         ),
     ] = True
     # Model (the same fields as the experience model's, for the same trainer)
@@ -424,26 +466,30 @@ class PolicyConfig:
             "A Hugging Face causal LM name or local path, or 'from_scratch' for "
             "a tokenizer and small Llama trained on the BC examples.",
             min_length=1,
+            part="model",
         ),
     ] = "from_scratch"
-    vocab_size: Annotated[int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536)] = 1024
-    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16)] = 128
-    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1)] = 2
-    heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1)] = 4
+    vocab_size: Annotated[
+        int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536, part="model")
+    ] = 1024
+    hidden_size: Annotated[int, _help("from_scratch: model width.", ge=16, part="model")] = 128
+    layers: Annotated[int, _help("from_scratch: transformer layers.", ge=1, part="model")] = 2
+    heads: Annotated[int, _help("from_scratch: attention heads (must divide hidden_size).", ge=1, part="model")] = 4
     max_length: Annotated[
         int,
         _help(
             "Longest prompt + action in tokens; longer prompts lose their "
             "start (the task instruction and state come last).",
             ge=64,
+            part="model",
         ),
     ] = 768
     # Behaviour cloning (TRL SFTTrainer on successful real trajectories)
-    epochs: Annotated[float, _help("BC passes over the examples (dreamgym/policy/bc.py).", gt=0)] = 6.0
-    batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1)] = 16
-    learning_rate: Annotated[float, _help("BC peak learning rate.", gt=0)] = 1e-3
-    warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1)] = 0.05
-    save_steps: Annotated[int, _help("BC checkpoint interval in steps.", ge=1)] = 200
+    epochs: Annotated[float, _help("BC passes over the examples (dreamgym/policy/bc.py).", gt=0, part="training")] = 6.0
+    batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1, part="training")] = 16
+    learning_rate: Annotated[float, _help("BC peak learning rate.", gt=0, part="training")] = 1e-3
+    warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1, part="training")] = 0.05
+    save_steps: Annotated[int, _help("BC checkpoint interval in steps.", ge=1, part="checkpoints")] = 200
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.heads:
@@ -591,6 +637,14 @@ class PipelineConfig:
     promotion: PromotionConfig = dataclasses.field(default_factory=PromotionConfig)
 
 
+# Keys an older params.yaml may still have (CHANGELOG.md), so that its error says what to do.
+RENAMED_KEYS = {"experience.constrain_removals": "experience.constrained_decoding"}
+REMOVED_KEYS = {
+    "experience.renamed_copies": "placeholders do that job, and it measured worse",
+    "buffer.top_k": "`dreamgym buffer query -k` sets it; the experience model uses experience.neighbours",
+}
+
+
 def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]) -> str:
     key = ".".join(str(part) for part in error["loc"])
     value = error.get("input")
@@ -600,6 +654,10 @@ def _format_error(error: dict[str, Any], source: str, overridden: frozenset[str]
     if key in overridden:  # the CLI option is named after the key's last part
         return f"--{key.rsplit('.', 1)[-1].replace('_', '-')} {value!r}: {message}"
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        if key in RENAMED_KEYS:
+            return f"{source}: '{key}' is now called '{RENAMED_KEYS[key]}'; rename it"
+        if key in REMOVED_KEYS:
+            return f"{source}: '{key}' was removed ({REMOVED_KEYS[key]}); delete it"
         return f"{source}: unknown key '{key}'; remove it or check its spelling"
     if error["type"] == "missing":
         return f"{source}: '{key}' is required"

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dreamgym.config import PipelineConfig, config_to_dict, flatten
+
+if TYPE_CHECKING:
+    import mlflow
 
 
 def configure_services(run_dir: str | Path) -> dict[str, str]:
@@ -104,3 +112,26 @@ def git_commit(project_dir: str | Path) -> str:
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
     return f"{commit}-dirty" if dirty else commit
+
+
+@contextmanager
+def stage_run(
+    stage: str,
+    config: PipelineConfig,
+    project_dir: str | Path,
+    *,
+    run_name: str | None = None,
+    tags: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None,
+) -> Iterator[mlflow.ActiveRun]:
+    """The MLflow run of one stage, nested under the active run if there is one: in the
+    configured experiment, tagged with the stage and the git commit (what `dreamgym lineage`
+    reads), with `params` (default: the whole resolved config, flattened) logged."""
+    import mlflow  # slow import
+
+    project = Path(project_dir).resolve()
+    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
+    with mlflow.start_run(run_name=run_name or stage, nested=mlflow.active_run() is not None) as run:
+        mlflow.set_tags({"dreamgym.stage": stage, "git_commit": git_commit(project), **(tags or {})})
+        mlflow.log_params(flatten(config_to_dict(config)) if params is None else params)
+        yield run

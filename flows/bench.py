@@ -9,6 +9,7 @@ not compete for promotion.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from dreamgym.benchmark import bench_plan, check_targets, machine, markdown, plo
 from dreamgym.config import config_to_dict, flatten, load_config
 from dreamgym.data.games import list_games
 from dreamgym.errors import DreamgymError
-from dreamgym.tracking import configure_services, experiment_id, git_commit
+from dreamgym.tracking import configure_services, stage_run
 from flows.ingest import ingest
 from flows.train_experience import train_experience
 from flows.train_policy import train_policy
@@ -68,18 +69,13 @@ def bench(
     out = Path(json_out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     where = machine()
-    mlflow.set_experiment(experiment_id=experiment_id(base.experiment, run_dir))
-    with mlflow.start_run(run_name="bench"):
-        mlflow.set_tags({"dreamgym.stage": "bench", "git_commit": git_commit(project)})
-        mlflow.log_params(
-            flatten(config_to_dict(base))
-            | {
-                "bench.seeds": ",".join(map(str, seeds)),
-                "bench.real_budget": budget,
-                "bench.rows": ",".join(row.name for row in plan),
-            }
-        )
-        ingested = {**ingest(base, str(project)), "test_games_dir": str(games_dir)}
+    params = flatten(config_to_dict(base)) | {
+        "bench.seeds": ",".join(map(str, seeds)),
+        "bench.real_budget": budget,
+        "bench.rows": ",".join(row.name for row in plan),
+    }
+    with stage_run("bench", base, project, params=params):
+        ingested = dataclasses.replace(ingest(base, str(project)), test_games_dir=str(games_dir))
         results = []
         for seed in seeds:
             for row in plan:
@@ -93,13 +89,13 @@ def bench(
                     run_name=f"bench experience: {row.name} s{seed}",
                 )
                 policy = train_policy(config, ingested, experience, str(project), register_model=False)
-                result = row_result(row.name, seed, policy, time.monotonic() - started)
+                result = row_result(row.name, seed, dataclasses.asdict(policy), time.monotonic() - started)
                 results.append(
                     result
                     | {
                         "machine": where,
                         "real_budget": budget,
-                        "experience_fidelity": experience["fidelity"]["next_state_exact_match"],
+                        "experience_fidelity": experience.fidelity["next_state_exact_match"],
                     }
                 )
                 get_run_logger().info(

@@ -15,7 +15,7 @@ Run it with `dreamgym run`, which sets up the embedded services first.
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -26,7 +26,7 @@ from prefect.tasks import exponential_backoff
 
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.buffer.store import UpsertResult, ingest_file
-from dreamgym.config import BufferConfig, GamesConfig, PipelineConfig, ValidationConfig, config_to_dict, flatten
+from dreamgym.config import BufferConfig, GamesConfig, PipelineConfig, ValidationConfig
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.overview import plot_dataset
@@ -34,10 +34,49 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.errors import DreamgymError
-from dreamgym.tracking import experiment_id, git_commit
+from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
 
 TRAJECTORIES_FILE = "trajectories/offline.parquet"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What the ingest flow made: the versioned data the next stages read, and how it was made."""
+
+    mlflow_run_id: str
+    data_md5: str  # the dataset version (DVC md5)
+    dvc_file: str
+    data_changed: bool  # false: the data is what an earlier run versioned
+    cached_stages: list[str]  # task names an earlier run did (Stages.cached)
+    train_games: int
+    test_games: int
+    test_games_dir: str
+    collection: CollectionResult
+    validation: ValidationResult
+    validated_path: str  # the rows that passed validation: what every later stage reads
+    buffer: UpsertResult
+    buffer_cached: bool  # true: `buffer` is what an earlier run inserted, nothing this run
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows: for the Prefect artifact and the CLI's table."""
+        collection, validation, buffer = self.collection, self.validation, self.buffer
+        how = "reused" if collection.reused else f"collected in {collection.seconds:.0f}s"
+        return [
+            ("data version (DVC md5)", f"{self.data_md5} ({'new' if self.data_changed else 'unchanged'})"),
+            ("games (train / held-out test)", f"{self.train_games} / {self.test_games}"),
+            ("transitions / trajectories", f"{collection.transitions} / {collection.trajectories} ({how})"),
+            ("success rate in the data", f"{collection.success_rate:.1%}"),
+            ("quarantined rows", f"{validation.quarantined_rows} ({validation.bad_fraction:.2%})"),
+            (
+                "buffer rows inserted / already there",
+                f"nothing this run: cached (an earlier run inserted {buffer.inserted})"
+                if self.buffer_cached
+                else f"{buffer.inserted} / {buffer.skipped}",
+            ),
+            ("stages done by an earlier run (cached)", ", ".join(self.cached_stages) or "none"),
+            ("MLflow run", self.mlflow_run_id),
+        ]
 
 
 @task(
@@ -145,23 +184,13 @@ def log_dataset(path: str, md5: str, dvc_file: str) -> None:
 
 
 @flow(name="ingest")
-def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
+def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
     """Make (or reuse) the versioned offline dataset and return what a next stage needs."""
     project = Path(project_dir).resolve()
     data_dir = project / config.paths.data_dir
     outputs_dir = project / config.paths.outputs_dir / "validation"
     settings = CollectionSettings.from_config(config)
-    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, project / config.paths.run_dir))
-    with mlflow.start_run(run_name="ingest", nested=mlflow.active_run() is not None) as run:
-        mlflow.set_tags(
-            {
-                "dreamgym.stage": "ingest",
-                "git_commit": git_commit(project),
-                "prefect.flow_run_id": str(flow_run.get_id()),
-            }
-        )
-        mlflow.log_params(flatten(config_to_dict(config)))
-
+    with stage_run("ingest", config, project, tags={"prefect.flow_run_id": str(flow_run.get_id())}) as run:
         train_games = generate_games_task(
             str(data_dir / "games" / "train"), "train", config.games.train_count, config.seed, config.games
         )
@@ -227,48 +256,28 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> dict:
             )
         stages.tag()
 
-        summary = {
-            "mlflow_run_id": run.info.run_id,
-            "data_md5": version.md5,
-            "dvc_file": version.dvc_file,
+        result = IngestResult(
+            mlflow_run_id=run.info.run_id,
+            data_md5=version.md5,
+            dvc_file=version.dvc_file,
             # A cached versioning step means the data is what an earlier run versioned: unchanged.
-            "data_changed": version.changed and not stages.was_cached(version_task),
-            "cached_stages": stages.cached,
-            "train_games": len(train_games),
-            "test_games": len(test_games),
-            "collection": asdict(collection),
-            "validation": asdict(validation),
-            "validated_path": validation.clean_path,
-            "buffer": asdict(upserted) | {"cached": stages.was_cached(upsert_task)},
-            "test_games_dir": str(data_dir / "games" / "test"),
-        }
+            data_changed=version.changed and not stages.was_cached(version_task),
+            cached_stages=list(stages.cached),
+            train_games=len(train_games),
+            test_games=len(test_games),
+            test_games_dir=str(data_dir / "games" / "test"),
+            collection=collection,
+            validation=validation,
+            validated_path=validation.clean_path,
+            buffer=upserted,
+            buffer_cached=stages.was_cached(upsert_task),
+        )
         create_markdown_artifact(
             key="ingest-summary",
-            markdown=markdown_table("Ingest", summary_rows(summary)),
+            markdown=markdown_table("Ingest", result.rows()),
             description="Offline dataset made by the ingest flow",
         )
-        return summary
-
-
-def summary_rows(summary: dict) -> list[tuple[str, str]]:
-    """The ingest result as (label, value) rows: for the Prefect artifact and the CLI's table."""
-    collection, validation, buffer = summary["collection"], summary["validation"], summary["buffer"]
-    how = "reused" if collection["reused"] else f"collected in {collection['seconds']:.0f}s"
-    return [
-        ("data version (DVC md5)", f"{summary['data_md5']} ({'new' if summary['data_changed'] else 'unchanged'})"),
-        ("games (train / held-out test)", f"{summary['train_games']} / {summary['test_games']}"),
-        ("transitions / trajectories", f"{collection['transitions']} / {collection['trajectories']} ({how})"),
-        ("success rate in the data", f"{collection['success_rate']:.1%}"),
-        ("quarantined rows", f"{validation['quarantined_rows']} ({validation['bad_fraction']:.2%})"),
-        (
-            "buffer rows inserted / already there",
-            f"nothing this run: cached (an earlier run inserted {buffer['inserted']})"
-            if buffer.get("cached")
-            else f"{buffer['inserted']} / {buffer['skipped']}",
-        ),
-        ("stages done by an earlier run (cached)", ", ".join(summary.get("cached_stages", [])) or "none"),
-        ("MLflow run", summary["mlflow_run_id"]),
-    ]
+        return result
 
 
 def markdown_table(title: str, rows: list[tuple[str, str]]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -23,24 +23,59 @@ from prefect.tasks import exponential_backoff
 
 from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
-from dreamgym.config import ExperienceConfig, PipelineConfig, config_to_dict, flatten
+from dreamgym.config import ExperienceConfig, PipelineConfig, config_part, load_config
+from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
+from dreamgym.experience.annotate import make_annotator
 from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
-from dreamgym.experience.fidelity import collect_real, evaluate
+from dreamgym.experience.fidelity import evaluate
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import open_experience_model, save_settings
-from dreamgym.experience.placeholders import kept_names
 from dreamgym.experience.report import log_fidelity
 from dreamgym.experience.rerank import RANKING_VERSION
-from dreamgym.experience.train import plot_losses, train_sft
 from dreamgym.experience.variations import variation_examples
+from dreamgym.lm.sft import TrainResult, plot_losses, train_sft
+from dreamgym.placeholders import kept_names
 from dreamgym.registry import register_model_dir
-from dreamgym.tracking import experiment_id, git_commit
+from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
-from flows.ingest import log_dataset, markdown_table
+from flows.ingest import IngestResult, ingest, log_dataset, markdown_table
 
 MODEL_NAME = "dreamgym-experience"
+
+
+@dataclass(frozen=True)
+class ExperienceResult:
+    """What the experience flow made: the model (a registry reference, or its folder when not
+    registered), how it trained, and its fidelity on held-out real transitions."""
+
+    mlflow_run_id: str
+    model: str
+    train: TrainResult
+    fidelity: dict  # `experience.report` summary: the figures fidelity_summary.json holds
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows: for the CLI's table and the Prefect artifact."""
+        train, fidelity = self.train, self.fidelity
+        how = "reused" if train.reused else f"{train.seconds / 60:.1f} min, {train.tokens_per_second:.0f} tokens/s"
+        return [
+            ("experience model", f"{self.model} ({train.parameters / 1e6:.1f}M parameters)"),
+            ("training", f"{train.steps} steps ({how})"),
+            (
+                "fidelity on held-out games",
+                f"{fidelity['transitions']} real transitions: next state exact "
+                f"{fidelity['next_state_exact_match']:.1%}, reward "
+                f"{fidelity['reward_accuracy']:.1%}, done {fidelity['done_accuracy']:.1%}, "
+                f"parse failures {fidelity['parse_failure_rate']:.1%}",
+            ),
+            (
+                "… foreseeable from the prompt",
+                f"{fidelity['foreseeable']['transitions']} of them: next state exact "
+                f"{fidelity['foreseeable']['next_state_exact_match']:.1%}",
+            ),
+            ("MLflow run (experience)", self.mlflow_run_id),
+        ]
 
 
 def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
@@ -49,18 +84,8 @@ def examples_key(data_md5: str, config: ExperienceConfig, encoder: str) -> str:
         "format": FORMAT_VERSION,
         "ranking": RANKING_VERSION,
         "data": data_md5,
-        "history": config.history,
-        "neighbours": config.neighbours,
-        "retrieval_pool": config.retrieval_pool,
-        "reasoning": config.reasoning,
-        "copy_examples": config.copy_examples,
-        "renamed_copies": config.renamed_copies,
-        "placeholders": config.placeholders,
-        "variations": config.variations_per_task,
-        "synthetic_neighbours": config.synthetic_neighbours,
-        "annotator": config.annotator,
-        "annotator_model": config.annotator_model,
         "encoder": encoder,
+        **config_part(config, "prompt", "examples", "retrieval"),
     }
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -81,7 +106,14 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     kept = kept_names(rows) if config.experience.placeholders else None
     with open_migrated(run_dir, config.buffer) as database:
         examples = build_examples(
-            database, encoder, rows, config.experience, config.buffer.ef_search, progress=True, kept=kept
+            database,
+            encoder,
+            rows,
+            config.experience,
+            config.buffer.ef_search,
+            annotate=make_annotator(config.experience),  # state-diff, or an OpenAI-compatible endpoint
+            progress=True,
+            kept=kept,
         )
     examples += variation_examples(rows, config.experience.variations_per_task)
     save_examples(examples, path, kept=kept)
@@ -112,7 +144,7 @@ def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed:
     ),
 )
 def real_transitions_task(test_games_dir: str, out: str, config: PipelineConfig) -> str:
-    return collect_real(test_games_dir, out, config)
+    return collect_held_out(test_games_dir, out, config)
 
 
 @task(
@@ -132,37 +164,28 @@ def evaluate_task(model_dir: str, real_path: str, run_dir: str, config: Pipeline
 @flow(name="train-experience")
 def train_experience(
     config: PipelineConfig,
-    ingest_summary: dict,
+    ingested: IngestResult,
     project_dir: str = ".",
     register_model: bool = True,
     run_name: str = "train-experience",
-) -> dict:
+) -> ExperienceResult:
     """Examples → training → fidelity → registry (unless `register_model` is false: ablations)."""
     project = Path(project_dir).resolve()
     run_dir = str(project / config.paths.run_dir)
     out_dir = project / config.paths.outputs_dir / "experience"
-    data_md5 = ingest_summary["data_md5"]
-    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
-    with mlflow.start_run(run_name=run_name, nested=mlflow.active_run() is not None) as run:
-        mlflow.set_tags(
-            {
-                "dreamgym.stage": "train-experience",
-                "git_commit": git_commit(project),
-                "dreamgym.data_md5": data_md5,
-                "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"],
-            }
-        )
-        mlflow.log_params(flatten(config_to_dict(config)))
-        log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
+    data_md5 = ingested.data_md5
+    tags = {"dreamgym.data_md5": data_md5, "dreamgym.ingest_run_id": ingested.mlflow_run_id}
+    with stage_run("train-experience", config, project, run_name=run_name, tags=tags) as run:
+        log_dataset(ingested.validated_path, data_md5, ingested.dvc_file)
         stages = Stages()
-        examples = stages.run(examples_task, ingest_summary["validated_path"], data_md5, str(out_dir), run_dir, config)
+        examples = stages.run(examples_task, ingested.validated_path, data_md5, str(out_dir), run_dir, config)
         model_key = Path(examples).stem.removeprefix("examples-") + f"-{_training_key(config)}"
         trained = stages.run(train_task, examples, str(out_dir / f"model-{model_key}"), config.experience, config.seed)
         mlflow.log_artifact(
             str(plot_losses(trained, out_dir / f"model-{model_key}" / "loss.png")), artifact_path="experience"
         )
         real = stages.run(
-            real_transitions_task, ingest_summary["test_games_dir"], str(out_dir / "fidelity_real.parquet"), config
+            real_transitions_task, ingested.test_games_dir, str(out_dir / "fidelity_real.parquet"), config
         )
         fidelity = stages.run(evaluate_task, str(trained.model_dir), real, run_dir, config)
         stages.tag()
@@ -176,88 +199,35 @@ def train_experience(
             )
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.model", model)
-        train = {k: v for k, v in asdict(trained).items() if k != "train_losses"}
-        summary = {
-            "mlflow_run_id": run.info.run_id,
-            "model": model,
-            "train": train | {"model_dir": str(trained.model_dir)},
-            "fidelity": fidelity,
-        }
+        result = ExperienceResult(mlflow_run_id=run.info.run_id, model=model, train=trained, fidelity=fidelity)
         create_markdown_artifact(
             key="experience-summary",
             description="Experience model trained and measured",
-            markdown=markdown_table("Experience model", experience_rows(summary)),
+            markdown=markdown_table("Experience model", result.rows()),
         )
-        return summary
-
-
-# Experience settings that change how a trained model is used, not the model.
-_NOT_TRAINING = (
-    "max_new_tokens",
-    "retries",
-    "eval_games",
-    "multi_step",
-    "synthetic_neighbours",
-    "constrain_removals",
-    "backend",
-    "backend_url",
-    "backend_model",
-    "backend_timeout",
-    "backend_retries",
-)
+        return result
 
 
 def _training_key(config: PipelineConfig) -> str:
     """Training settings that make a different model (a changed one trains a new folder)."""
-    settings = {k: v for k, v in config_to_dict(config)["experience"].items() if k not in _NOT_TRAINING} | {
-        "seed": config.seed
-    }
+    # Generation, backend, evaluation and checkpoint settings change how a model is used or
+    # saved, not the model.
+    settings = config_part(config.experience, "prompt", "examples", "model", "training") | {"seed": config.seed}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def experience_rows(summary: dict) -> list[tuple[str, str]]:
-    """The flow's result as (label, value) rows: for the CLI's table and the Prefect artifact."""
-    train, fidelity = summary["train"], summary["fidelity"]
-    how = "reused" if train["reused"] else f"{train['seconds'] / 60:.1f} min, {train['tokens_per_second']:.0f} tokens/s"
-    return [
-        ("experience model", f"{summary['model']} ({train['parameters'] / 1e6:.1f}M parameters)"),
-        ("training", f"{train['steps']} steps ({how})"),
-        (
-            "fidelity on held-out games",
-            f"{fidelity['transitions']} real transitions: next state exact "
-            f"{fidelity['next_state_exact_match']:.1%}, reward "
-            f"{fidelity['reward_accuracy']:.1%}, done {fidelity['done_accuracy']:.1%}, "
-            f"parse failures {fidelity['parse_failure_rate']:.1%}",
-        ),
-        (
-            "… foreseeable from the prompt",
-            f"{fidelity['foreseeable']['transitions']} of them: next state exact "
-            f"{fidelity['foreseeable']['next_state_exact_match']:.1%}",
-        ),
-        ("MLflow run (experience)", summary["mlflow_run_id"]),
-    ]
-
-
 @flow(name="ablate-experience")
-def ablate_experience(config: PipelineConfig, ingest_summary: dict, project_dir: str = ".") -> dict:
+def ablate_experience(config: PipelineConfig, ingested: IngestResult, project_dir: str = ".") -> dict:
     """The configured experience model and its ablations, trained and measured alike; one parent
     MLflow run holds the table (Markdown, JSON) and its plot, each variant a nested run."""
     project = Path(project_dir).resolve()
     out_dir = project / config.paths.outputs_dir / "experience"
     out_dir.mkdir(parents=True, exist_ok=True)
-    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, str(project / config.paths.run_dir)))
-    with mlflow.start_run(run_name="ablate-experience") as run:
-        mlflow.set_tags(
-            {
-                "dreamgym.stage": "ablate-experience",
-                "git_commit": git_commit(project),
-                "dreamgym.data_md5": ingest_summary["data_md5"],
-            }
-        )
+    with stage_run("ablate-experience", config, project, tags={"dreamgym.data_md5": ingested.data_md5}) as run:
         results = {
             name: train_experience(
-                variant, ingest_summary, project_dir, register_model=name == "full", run_name=f"experience: {name}"
-            )["fidelity"]
+                variant, ingested, project_dir, register_model=name == "full", run_name=f"experience: {name}"
+            ).fidelity
             for name, variant in variant_configs(config).items()
         }
         rows = ablation_rows(results)
@@ -272,3 +242,12 @@ def ablate_experience(config: PipelineConfig, ingest_summary: dict, project_dir:
             description="Fidelity with retrieval, history or reasoning removed",
         )
         return {"mlflow_run_id": run.info.run_id, "rows": rows, "table": table}
+
+
+@flow(name="experience-ablation")
+def ablation(params: str = "params.yaml") -> dict:
+    """`dreamgym experience ablate`: the data (ingest, cached when unchanged), then the ablations."""
+    params_path = Path(params).resolve()
+    config = load_config(params_path)
+    project = str(params_path.parent)
+    return ablate_experience(config, ingest(config, project), project)

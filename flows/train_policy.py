@@ -1,10 +1,11 @@
 """Policy flow: behaviour cloning → RL (in DreamEnv with the curriculum, or the real game) →
 optional sim-to-real → evaluation on the real held-out games → register `dreamgym-policy`.
 
-Takes what the ingest and experience flows returned (IDs and paths, not objects). The untrained
-policy (BC's starting point), the BC policy and the RL policy are evaluated alike on the same
-test-split games, so the summary compares them. Every stage writes into a folder named by what it
-depends on, so a re-run reuses finished work and a killed RL run resumes from its last epoch.
+Takes what the ingest and experience flows returned (`IngestResult`, `ExperienceResult`: IDs and
+paths, not objects). The untrained policy (BC's starting point), the BC policy and the RL policy
+are evaluated alike on the same test-split games, so the summary compares them. Every stage
+writes into a folder named by what it depends on, so a re-run reuses finished work and a killed
+RL run resumes from its last epoch.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from dreamgym.config import PipelineConfig, RLConfig, config_to_dict, flatten
+from dreamgym.config import PipelineConfig, RLConfig, config_to_dict
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
@@ -43,9 +45,78 @@ from dreamgym.promotion import set_challenger
 from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
-from dreamgym.tracking import experiment_id, git_commit
+from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
-from flows.ingest import log_dataset, markdown_table
+from flows.ingest import IngestResult, log_dataset, markdown_table
+from flows.train_experience import ExperienceResult
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The behaviour-cloning stage: the untrained policy (its starting point) and the BC policy."""
+
+    untrained: str
+    bc: str
+    examples: int
+    steps: int
+    seconds: float
+    reused: bool
+
+
+@dataclass(frozen=True)
+class RLSummary:
+    """The RL stage as the summary shows it (the full record is the run folder's RLResult)."""
+
+    algorithm: str
+    env: str
+    epochs: int
+    history: list[dict]  # one row of metrics per epoch
+    real_transitions: int  # RL's and sim-to-real's together
+    synthetic_transitions: int
+    seconds: float
+    s2r_seconds: float
+    reused: bool
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """What the policy flow made: the policy (a registry reference, or its folder when not
+    registered) and each policy's evaluation (`evaluate_task`'s summaries: held-out games, and
+    the training games when `evaluation.train_games` is set)."""
+
+    mlflow_run_id: str
+    model: str
+    bc: WarmStart
+    rl: RLSummary
+    evaluations: list[dict]
+    train_evaluations: list[dict]
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows: for the CLI's table and the Prefect artifact."""
+        rl = self.rl
+        on_training_games = {e["name"].removesuffix("-train-games"): e for e in self.train_evaluations}
+        rows = []
+        for e in self.evaluations:
+            seen = on_training_games.get(e["name"])
+            rows.append(
+                (
+                    f"success: {e['name']}",
+                    f"held-out {e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
+                    f"{e['episodes']} games, mean steps {e['mean_steps']:.1f})"
+                    + (f"; its training games {seen['success_rate']:.1%} ({seen['episodes']})" if seen else ""),
+                )
+            )
+        how = "reused" if rl.reused else f"{rl.seconds / 60:.1f} min"
+        return [
+            *rows,
+            (
+                "RL",
+                f"{rl.algorithm} in {rl.env}: {rl.epochs} epochs ({how}), real transitions "
+                f"{rl.real_transitions}, synthetic {rl.synthetic_transitions}",
+            ),
+            ("policy", self.model),
+            ("MLflow run (policy)", self.mlflow_run_id),
+        ]
 
 
 def _key(*parts) -> str:
@@ -58,7 +129,7 @@ def _key(*parts) -> str:
         sections=("policy", "seed"), params=("out_dir",), files=("validated",), outputs=("out_dir",)
     ),
 )
-def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
+def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> WarmStart:
     """BC on the successful real episodes; the untrained starting point is saved beside it."""
     rows = read_transitions(validated).to_pylist()
     kept = policy_kept_names(rows, config.policy)
@@ -73,14 +144,14 @@ def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> dict:
         result.steps,
         "reused" if result.reused else f"{result.seconds:.0f}s",
     )
-    return {
-        "untrained": str(untrained),
-        "bc": str(result.model_dir),
-        "examples": len(examples),
-        "steps": result.steps,
-        "seconds": result.seconds,
-        "reused": result.reused,
-    }
+    return WarmStart(
+        untrained=str(untrained),
+        bc=str(result.model_dir),
+        examples=len(examples),
+        steps=result.steps,
+        seconds=result.seconds,
+        reused=result.reused,
+    )
 
 
 def dream_phase(config: PipelineConfig) -> PipelineConfig:
@@ -243,36 +314,30 @@ def evaluate_task(
 @flow(name="train-policy")
 def train_policy(
     config: PipelineConfig,
-    ingest_summary: dict,
-    experience_summary: dict,
+    ingested: IngestResult,
+    experience: ExperienceResult,
     project_dir: str = ".",
     register_model: bool = True,
-) -> dict:
+) -> PolicyResult:
     """BC → RL → (sim-to-real) → real evaluation → registry; see the module docstring."""
     project = Path(project_dir).resolve()
     run_dir = str(project / config.paths.run_dir)
-    data_md5 = ingest_summary["data_md5"]
+    data_md5 = ingested.data_md5
     train_games_dir = str(project / config.paths.data_dir / "games" / "train")
     settings = config_to_dict(config)
     bc_key = _key(data_md5, settings["policy"], config.seed)
     root = project / config.paths.outputs_dir / "policy"
     bc_dir = root / f"bc-{bc_key}"
-    experience_label = experience_summary["model"]
-    mlflow.set_experiment(experiment_id=experiment_id(config.experiment, run_dir))
-    with mlflow.start_run(run_name="train-policy", nested=mlflow.active_run() is not None) as run:
-        mlflow.set_tags(
-            {
-                "dreamgym.stage": "train-policy",
-                "git_commit": git_commit(project),
-                "dreamgym.data_md5": data_md5,
-                "dreamgym.experience_model": experience_label,
-                "dreamgym.ingest_run_id": ingest_summary["mlflow_run_id"],
-            }
-        )
-        mlflow.log_params(flatten(settings))
-        log_dataset(ingest_summary["validated_path"], data_md5, ingest_summary["dvc_file"])
+    experience_label = experience.model
+    tags = {
+        "dreamgym.data_md5": data_md5,
+        "dreamgym.experience_model": experience_label,
+        "dreamgym.ingest_run_id": ingested.mlflow_run_id,
+    }
+    with stage_run("train-policy", config, project, tags=tags) as run:
+        log_dataset(ingested.validated_path, data_md5, ingested.dvc_file)
         stages = Stages()
-        bc = stages.run(bc_task, ingest_summary["validated_path"], str(bc_dir), config)
+        bc = stages.run(bc_task, ingested.validated_path, str(bc_dir), config)
 
         phase = dream_phase(config) if config.rl.env == "dream" else config
         rl_key = _key(
@@ -285,17 +350,17 @@ def train_policy(
         if config.rl.env == "dream":
             rl = stages.run(
                 dream_rl_task,
-                bc["bc"],
+                bc.bc,
                 str(rl_dir),
-                experience_summary["train"]["model_dir"],
+                str(experience.train.model_dir),
                 experience_label,
-                ingest_summary["validated_path"],
+                ingested.validated_path,
                 run_dir,
                 phase,
                 train_games_dir,
             )
         else:
-            rl = stages.run(real_rl_task, bc["bc"], str(rl_dir), train_games_dir, config.rl.real_budget, config)
+            rl = stages.run(real_rl_task, bc.bc, str(rl_dir), train_games_dir, config.rl.real_budget, config)
         final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
         curves = [
             plot_learning_curves(
@@ -323,10 +388,10 @@ def train_policy(
         for curve in curves:
             mlflow.log_artifact(str(curve), artifact_path="policy")
 
-        test_dir = ingest_summary["test_games_dir"]
+        test_dir = ingested.test_games_dir
         evals = [
             stages.run(evaluate_task, name, str(path), test_dir, str(root), config)
-            for name, path in (("untrained", bc["untrained"]), ("bc", bc["bc"]), ("dreamgym", str(final)))
+            for name, path in (("untrained", bc.untrained), ("bc", bc.bc), ("dreamgym", str(final)))
         ]
         train_evals = [
             stages.run(
@@ -338,7 +403,7 @@ def train_policy(
                 config,
                 count=config.evaluation.train_games,
             )
-            for name, path in (("bc", bc["bc"]), ("dreamgym", str(final)))
+            for name, path in (("bc", bc.bc), ("dreamgym", str(final)))
             if config.evaluation.train_games
         ]
         for summary in evals + train_evals:
@@ -378,55 +443,27 @@ def train_policy(
             model = f"models:/{MODEL_NAME}/{version}"
         mlflow.set_tag("dreamgym.policy", model)
         stages.tag()
-        result = {
-            "mlflow_run_id": run.info.run_id,
-            "model": model,
-            "bc": bc,
-            "rl": {
-                "epochs": len(rl.history),
-                "seconds": rl.seconds,
-                "s2r_seconds": s2r_seconds,
-                "reused": rl.reused,
-                "history": rl.history,
-                "real_transitions": real_used,
-                "synthetic_transitions": rl.synthetic_transitions,
-                "algorithm": config.rl.algorithm,
-                "env": config.rl.env,
-            },
-            "evaluations": evals,
-            "train_evaluations": train_evals,
-        }
+        result = PolicyResult(
+            mlflow_run_id=run.info.run_id,
+            model=model,
+            bc=bc,
+            rl=RLSummary(
+                algorithm=config.rl.algorithm,
+                env=config.rl.env,
+                epochs=len(rl.history),
+                history=rl.history,
+                real_transitions=real_used,
+                synthetic_transitions=rl.synthetic_transitions,
+                seconds=rl.seconds,
+                s2r_seconds=s2r_seconds,
+                reused=rl.reused,
+            ),
+            evaluations=evals,
+            train_evaluations=train_evals,
+        )
         create_markdown_artifact(
             key="policy-summary",
             description="Policies trained and evaluated",
-            markdown=markdown_table("Policy", policy_rows(result)),
+            markdown=markdown_table("Policy", result.rows()),
         )
         return result
-
-
-def policy_rows(summary: dict) -> list[tuple[str, str]]:
-    """The flow's result as (label, value) rows: for the CLI's table and the Prefect artifact."""
-    rl = summary["rl"]
-    on_training_games = {e["name"].removesuffix("-train-games"): e for e in summary.get("train_evaluations", [])}
-    rows = []
-    for e in summary["evaluations"]:
-        seen = on_training_games.get(e["name"])
-        rows.append(
-            (
-                f"success: {e['name']}",
-                f"held-out {e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
-                f"{e['episodes']} games, mean steps {e['mean_steps']:.1f})"
-                + (f"; its training games {seen['success_rate']:.1%} ({seen['episodes']})" if seen else ""),
-            )
-        )
-    how = "reused" if rl["reused"] else f"{rl['seconds'] / 60:.1f} min"
-    rows += [
-        (
-            "RL",
-            f"{rl['algorithm']} in {rl['env']}: {rl['epochs']} epochs ({how}), real transitions "
-            f"{rl['real_transitions']}, synthetic {rl['synthetic_transitions']}",
-        ),
-        ("policy", summary["model"]),
-        ("MLflow run (policy)", summary["mlflow_run_id"]),
-    ]
-    return rows

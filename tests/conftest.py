@@ -32,7 +32,6 @@ TINY_EXPERIENCE = ExperienceConfig(
     neighbours=0,
     reasoning=False,
     placeholders=False,
-    renamed_copies=0,
     vocab_size=512,
     hidden_size=128,
     layers=2,
@@ -93,7 +92,7 @@ def tiny_experience(first_episode, tmp_path_factory):
     model (the TrainResult; its settings file saved beside the weights)."""
     from dreamgym.experience.examples import build_examples
     from dreamgym.experience.generate import save_settings
-    from dreamgym.experience.train import train_sft
+    from dreamgym.lm.sft import train_sft
 
     examples = build_examples(None, None, first_episode, TINY_EXPERIENCE, ef_search=40)
     result = train_sft(

@@ -18,6 +18,12 @@ def test_params_yaml_is_valid_and_matches_the_defaults():
         ({"collect.epsillon": 0.1}, "unknown key 'collect.epsillon'; remove it or check its spelling"),
         ({"env.max_steps": "many"}, "env.max_steps = 'many': Input should be a valid integer"),
         ({"validation.reward_min": 20}, "reward_min (20.0) is above reward_max (10.0): swap them"),
+        # An older params.yaml: what to rename or delete, not "check its spelling".
+        (
+            {"experience.constrain_removals": False},
+            "'experience.constrain_removals' is now called 'experience.constrained_decoding'; rename it",
+        ),
+        ({"buffer.top_k": 4}, "'buffer.top_k' was removed (`dreamgym buffer query -k` sets it;"),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(tmp_path, overrides, message):
@@ -67,3 +73,23 @@ def test_flatten_gives_dotted_params():
     flat = flatten(config_to_dict(PipelineConfig()))
     assert flat["collect.epsilon"] == 0.3
     assert flat["games.go"] == [1, 6]
+
+
+def test_every_model_setting_belongs_to_a_part_and_the_cache_keys_follow_the_parts():
+    """Which settings make a different model, example set or saved prompt is read from each
+    field's part, so a new field without one would silently miss a cache key."""
+    import dataclasses
+
+    from dreamgym.config import ExperienceConfig, PolicyConfig, config_part
+    from dreamgym.lm.sft import training_settings
+
+    for config in (ExperienceConfig(), PolicyConfig()):
+        parts = [(field.json_schema_extra or {}).get("part") for field in type(config).__pydantic_fields__.values()]
+        assert None not in parts, type(config).__name__
+    experience = ExperienceConfig()
+    assert set(config_part(experience, "prompt")) >= {"history", "neighbours", "reasoning", "placeholders"}
+    assert training_settings(experience) != training_settings(dataclasses.replace(experience, epochs=5.0))
+    assert training_settings(experience) == training_settings(dataclasses.replace(experience, save_steps=7))
+    assert training_settings(experience) == training_settings(dataclasses.replace(experience, max_new_tokens=9))
+    with pytest.raises(ValueError, match="no field in part"):
+        config_part(experience, "no-such-part")

@@ -17,11 +17,9 @@ from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.base import EnvError
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.dream_env import DreamEnv, step_together
+from dreamgym.envs.dynamics import Completion, Prediction, Query, Step
 from dreamgym.experience.examples import neighbours
-from dreamgym.experience.format import Step
-from dreamgym.experience.generate import ExperienceModel, Query
-from dreamgym.experience.model import init_model, load_experience_model
-from dreamgym.experience.train import train_sft
+from dreamgym.experience.generate import ExperienceModel
 from dreamgym.experience.variations import (
     parse_variation,
     seed_rows,
@@ -31,6 +29,8 @@ from dreamgym.experience.variations import (
     variation_writer,
     write_variations,
 )
+from dreamgym.lm.model import init_model, load_model
+from dreamgym.lm.sft import train_sft
 from dreamgym.state import format_state, parse_state
 
 # The shared tiny model; longer completions: the episode's first step writes a long delta.
@@ -44,7 +44,7 @@ def rows(offline_dataset) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def experience(tiny_experience) -> ExperienceModel:
-    model, tokenizer = load_experience_model(tiny_experience.model_dir)
+    model, tokenizer = load_model(tiny_experience.model_dir)
     return ExperienceModel(model, tokenizer, TINY)
 
 
@@ -67,7 +67,7 @@ def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, f
         expected = experience.predict(
             [Query(task.instruction, state, row["action"], tuple(history[-TINY.history :]), env._episode.trajectory_id)]
         )[0]
-        _observation, reward, terminated, _truncated, info = env.step(row["action"])
+        observation, reward, terminated, _truncated, info = env.step(row["action"])
         if not expected.ok:
             assert (observation, reward, info["model_failure"]) == (format_state(state), 0.0, expected.error)
             break
@@ -81,6 +81,50 @@ def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, f
         if terminated:
             break
     assert env.model_steps == len(history) + (not expected.ok)
+
+
+class _RecordedDynamics:
+    """Dynamics that know only the transitions they were given: (state, action) -> what followed.
+    A second implementation of the protocol, with no language model: DreamEnv needs nothing else."""
+
+    history = 0
+
+    def __init__(self, rows):
+        self.known = {(row["state"], row["action"]): row for row in rows}
+
+    def predict(self, queries):
+        predictions = []
+        for query in queries:
+            row = self.known.get((format_state(query.state), query.action))
+            if row is None:
+                predictions.append(Prediction(None, "", 1, error="no recorded transition"))
+                continue
+            completion = Completion(None, parse_state(row["next_state"]), row["reward"], row["terminated"])
+            predictions.append(Prediction(completion, "", 1))
+        return predictions
+
+
+def test_any_dynamics_drives_dream_env_and_a_recorded_episode_replays_exactly(first_episode, task):
+    env = DreamEnv(_RecordedDynamics(first_episode), max_steps=len(first_episode) + 1, policy="replay")
+    observation, _ = env.reset(task)
+    for row in first_episode:
+        assert observation == row["state"]
+        observation, reward, terminated, _, info = env.step(row["action"])
+        assert (observation, reward, terminated) == (row["next_state"], row["reward"], row["terminated"])
+    assert info["won"] == first_episode[-1]["won"] and env.failures == 0
+    written = env.take_transitions()
+    assert [(r["state"], r["action"], r["next_state"]) for r in written] == [
+        (r["state"], r["action"], r["next_state"]) for r in first_episode
+    ]
+    env.reset(task)
+    unknown = next(a for a in parse_state(first_episode[0]["state"]).actions if a != first_episode[0]["action"])
+    observation, reward, terminated, _, info = env.step(unknown)  # a failure changes nothing, and says why
+    assert (observation, reward, terminated, info["model_failure"]) == (
+        first_episode[0]["state"],
+        0.0,
+        False,
+        "no recorded transition",
+    )
 
 
 def test_an_unavailable_action_changes_nothing_and_asks_no_model(experience, task):
@@ -206,7 +250,7 @@ def test_written_variations_are_checked_before_use(rows, tmp_path):
     result = train_sft(
         [{"prompt": e.prompt, "completion": e.completion} for e in examples], config, tmp_path, seed=0, progress=False
     )
-    model, tokenizer = load_experience_model(result.model_dir)
+    model, tokenizer = load_model(result.model_dir)
     written = write_variations(model, tokenizer, seeds, count=6, seed=0, max_new_tokens=480)
     assert len(written) == 6
     known = {(task.instruction, task.initial_state) for task in seeds}

@@ -18,17 +18,17 @@ from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the fi
 
 import dreamgym.experience.generate as generate_module
 from dreamgym.config import ExperienceConfig, PipelineConfig
+from dreamgym.envs.dynamics import Query
 from dreamgym.experience.examples import history_of
 from dreamgym.experience.generate import (
     STOP,
     ExperienceBackendError,
     ExperienceModel,
-    Query,
     RemoteExperienceModel,
     open_experience_model,
     sample_seed,
 )
-from dreamgym.experience.model import load_experience_model
+from dreamgym.lm.model import load_model
 from dreamgym.state import parse_state
 
 STEPS = 4  # transitions asked: enough to compare
@@ -157,11 +157,9 @@ def test_predictions_over_http_are_the_local_ones(model_dir, episode_rows):
         for index, row in enumerate(episode_rows)
     ]
     # The server decodes freely (no constrained decoding there): so does the local model compared.
-    local_model = ExperienceModel(
-        *load_experience_model(model_dir), dataclasses.replace(TINY, constrain_removals=False)
-    )
+    local_model = ExperienceModel(*load_model(model_dir), dataclasses.replace(TINY, constrained_decoding=False))
     local = local_model.predict(queries)
-    with serve(serve_model(*load_experience_model(model_dir))) as server:
+    with serve(serve_model(*load_model(model_dir))) as server:
         over_http = remote(server).predict(queries)
     assert any(p.ok for p in local), [p.error for p in local]  # the comparison sees real states
     assert [(p.completion, p.text, p.attempts, p.error) for p in over_http] == [

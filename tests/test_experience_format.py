@@ -26,7 +26,6 @@ from dreamgym.experience.annotate import (
     make_annotator,
     stated_outcome,
 )
-from dreamgym.experience.augment import Renamer, invented_names, names_in, renamable_names
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FormatError,
@@ -44,8 +43,9 @@ from dreamgym.experience.format import (
     state_delta,
     task_says,
 )
-from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
+from dreamgym.placeholders import Placeholders, kept_names
+from dreamgym.renaming import Renamer, invented_names
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 STATE = AbstractState(
@@ -150,38 +150,6 @@ def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_
 
 def _prompt_state(prompt: str) -> AbstractState:
     return parse_state(prompt.split("<state>\n")[1].split("\n</state>")[0])
-
-
-def test_renamed_copies_keep_the_dynamics_and_rename_every_carried_object(rows):
-    config = ExperienceConfig(neighbours=0, history=2, placeholders=False, renamed_copies=2)
-    examples = build_examples(None, None, rows, config, ef_search=100)
-    assert [e.content_hash for e in examples if e.renaming == 0] == [r["content_hash"] for r in rows]
-    renamable = renamable_names(rows)
-    assert {"knife", "cookbook"} <= renamable and not any("(" in name for name in renamable)
-    by_hash = {row["content_hash"]: row for row in rows}
-    index = {row["content_hash"]: i for i, row in enumerate(rows)}
-    copies = [e for e in examples if e.renaming]
-    assert len(copies) > len(rows)  # nearly every step shows a carried object: two copies each
-    for copy in copies:
-        row = by_hash[copy.content_hash]
-        shown = names_in(rows[max(0, index[copy.content_hash] - 2) : index[copy.content_hash] + 1], renamable)
-        assert shown, "a step that shows no carried object has no renamed copies"
-        real_state, real_next = states(row)
-        state = _prompt_state(copy.prompt)
-        parsed = parse_completion(copy.completion, state, reasoning=True)
-        # The same step: every list the same length, the same reward and ending.
-        for name in ("visible", "inventory", "actions"):
-            assert len(getattr(state, name)) == len(getattr(real_state, name))
-            assert len(getattr(parsed.next_state, name)) == len(getattr(real_next, name))
-        assert (parsed.reward, parsed.done) == (row["reward"], row["terminated"])
-        assert parsed.next_state.location == real_next.location  # rooms keep their names
-        names = {item_name(item) for item in state.visible + state.inventory}
-        real_names = {item_name(item) for item in real_state.visible + real_state.inventory}
-        assert names != real_names or not (real_names & renamable)
-    first, second = (copies[0], copies[1])
-    assert first.content_hash == second.content_hash and first.prompt != second.prompt
-    # The same copies on every build: a rebuilt dataset trains the same model.
-    assert build_examples(None, None, rows, config, ef_search=100) == examples
 
 
 def test_renaming_is_simultaneous_and_whole_word_and_states_stay_sorted():
@@ -411,20 +379,16 @@ def test_a_worked_example_shows_its_trace_and_its_changes_still_read_back():
 
 
 def test_worked_examples_never_come_from_the_own_trajectory(filled, encoder, rows):
-    config = ExperienceConfig(placeholders=False, renamed_copies=1)  # h=3, k=3, reasoning on; renamed copies too
+    config = ExperienceConfig(placeholders=False)  # h=3, k=3, reasoning on
     examples = build_examples(filled, encoder, rows, config, ef_search=100, batch=64)
     by_hash = {row["content_hash"]: row for row in rows}
-    assert any(e.renaming for e in examples)
     for example in examples:
         assert len(example.neighbour_hashes) == config.neighbours
         assert example.trajectory_id not in example.neighbour_trajectory_ids
         assert all(by_hash[h]["trajectory_id"] != example.trajectory_id for h in example.neighbour_hashes)
         shown = [line.removeprefix("action: ") for line in example.prompt.split("\n") if line.startswith("action: ")]
         real = [by_hash[h]["action"] for h in example.neighbour_hashes]
-        if example.renaming:  # a renamed copy shows the same neighbours, renamed alike
-            assert [a.split()[0] for a in shown] == [r.split()[0] for r in real]
-        else:
-            assert shown == real
+        assert shown == real
     assert all(e.prompt.count("<example>") == config.neighbours for e in examples)
 
 

@@ -10,11 +10,12 @@ import pytest
 import torch
 from conftest import TINY_EXPERIENCE as TINY
 
+from dreamgym.envs.dynamics import Query, Step
 from dreamgym.experience.examples import history_of
 from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
-from dreamgym.experience.format import FORMAT_VERSION, Step
-from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, Query, trained_settings
-from dreamgym.experience.model import load_experience_model
+from dreamgym.experience.format import FORMAT_VERSION
+from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, trained_settings
+from dreamgym.lm.model import load_model
 from dreamgym.state import AbstractState, item_name, parse_state
 
 
@@ -86,7 +87,7 @@ def _queries(rows: list[dict]) -> list[Query]:
 
 
 def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, first_episode):
-    model, tokenizer = load_experience_model(tiny_experience.model_dir)
+    model, tokenizer = load_model(tiny_experience.model_dir)
     experience = ExperienceModel(model, tokenizer, TINY)
     batch = first_episode[:8]
     predictions = experience.predict(_queries(batch))
@@ -103,9 +104,9 @@ def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, firs
 
 
 def test_an_untrained_model_fails_explicitly(tiny_experience, first_episode):
-    from dreamgym.experience.model import init_model
+    from dreamgym.lm.model import init_model
 
-    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    _, tokenizer = load_model(tiny_experience.model_dir)
     untrained = init_model(tokenizer, TINY, seed=1)
     experience = ExperienceModel(untrained, tokenizer, dataclasses.replace(TINY, max_new_tokens=16))
     predictions = experience.predict(_queries(first_episode[:4]))
@@ -114,7 +115,7 @@ def test_an_untrained_model_fails_explicitly(tiny_experience, first_episode):
 
 
 def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
-    model, tokenizer = load_experience_model(tiny_experience.model_dir)
+    model, tokenizer = load_model(tiny_experience.model_dir)
     settings = trained_settings(tiny_experience.model_dir, dataclasses.replace(TINY, history=3))
     assert settings.history == TINY.history  # the prompt shape it was tiny_experience with wins
     report = evaluate(ExperienceModel(model, tokenizer, settings), first_episode, horizon=3)
@@ -147,7 +148,7 @@ def test_additions_and_replacements_cannot_repeat_an_item(tiny_experience):
     assert repeated_entries(state, "<next_state>\nvisible = table; kni") == ("kni", {"table"})
     assert repeated_entries(state, "<next_state>\ninventory: -carrot") is None  # a removal: the other rule
     assert repeated_entries(state, "<reasoning>inventory: +carrot") is None
-    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    _, tokenizer = load_model(tiny_experience.model_dir)
     constraint = DeltaConstraint(tokenizer, [state, state], prompt_length=0)
     texts = ["<next_state>\ninventory: +carrot", "<next_state>\ninventory: +onion"]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
@@ -175,7 +176,7 @@ def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
     )
     assert allowed_removals(state, "<next_state>\nvisible: +kn") is None  # additions are free
     assert allowed_removals(state, "<next_state>\nvisible: -a\n</next_state>\n<reward>") is None
-    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    _, tokenizer = load_model(tiny_experience.model_dir)
     torch.manual_seed(0)
     for written in ("<next_state>\ninventory: -", "<next_state>\nvisible: -fridge; -k"):
         text = written
@@ -200,7 +201,7 @@ def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_exper
     takes_knife = "visible: -knife\ninventory: +knife"
     drops_apple = "inventory: -apple\nvisible: +apple"  # the state has no apple: it cannot fit
     assert fitting_references(state, [drops_apple, takes_knife]) == ["same as example 2"]
-    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    _, tokenizer = load_model(tiny_experience.model_dir)
     pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
 
     def decoded(examples: list[str], wanted: str) -> str:
@@ -235,7 +236,7 @@ def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experien
     from dreamgym.experience.constrain import DeltaConstraint
 
     state = AbstractState("kitchen", ("table",), ("carrot",), ("eat carrot",))
-    _, tokenizer = load_experience_model(tiny_experience.model_dir)
+    _, tokenizer = load_model(tiny_experience.model_dir)
     pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
     tail = "\n<reward>1</reward>\n<done>false</done>"  # what the model "wants" to write
 

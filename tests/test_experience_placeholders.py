@@ -11,20 +11,20 @@ from conftest import TINY_EXPERIENCE
 
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
-from dreamgym.experience.augment import Renamer
+from dreamgym.envs.dynamics import Completion, Query
 from dreamgym.experience.examples import build_examples, history_of, load_kept_names, save_examples
-from dreamgym.experience.format import Completion, FormatError, parse_completion
+from dreamgym.experience.format import FormatError, parse_completion, with_real_names
 from dreamgym.experience.generate import (
     SETTINGS_FILE,
     ExperienceModel,
-    Query,
     save_settings,
     trained_kept_names,
     trained_settings,
 )
-from dreamgym.experience.model import load_experience_model
-from dreamgym.experience.placeholders import Placeholders, kept_names
-from dreamgym.experience.train import train_sft
+from dreamgym.lm.model import load_model
+from dreamgym.lm.sft import train_sft
+from dreamgym.placeholders import Placeholders, kept_names
+from dreamgym.renaming import Renamer
 from dreamgym.state import AbstractState, parse_state
 
 TINY = dataclasses.replace(TINY_EXPERIENCE, placeholders=True)
@@ -79,12 +79,12 @@ def test_placeholders_number_the_action_first_then_carried_then_visible_and_rest
         0.0,
         False,
     )
-    restored = names.restore(predicted)
+    restored = with_real_names(predicted, names)
     # A name the model wrote from memory beside the placeholder that stands for it would repeat an
     # item once restored: a failed attempt (generated again), never a state with a repeated item.
     twice = Completion(None, AbstractState("kitchen", ("BBQ",), ("obj1", "yellow potato"), ()), 0.0, False)
     with pytest.raises(FormatError, match="both by its placeholder and by its real name"):
-        names.restore(twice)
+        with_real_names(twice, names)
     # A placeholder the prompt never gave (an imagined object) stays as the model wrote it.
     assert restored.reasoning == "yellow potato goes into the inventory; obj9 appears."
     assert restored.next_state == AbstractState(
@@ -116,7 +116,7 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
         assert not hidden.found(example.prompt) and not hidden.found(example.completion)
         shown = parse_state(example.prompt.split("<state>\n")[1].split("\n</state>")[0])
         assert shown == names.forward.abstract(parse_state(row["state"]))
-        restored = names.restore(parse_completion(example.completion, shown, reasoning=True))
+        restored = with_real_names(parse_completion(example.completion, shown, reasoning=True), names)
         assert restored.next_state == parse_state(row["next_state"])
         assert (restored.reward, restored.done) == (row["reward"], row["terminated"])
     # The kept names travel with the examples, and from them to the model's settings.
@@ -138,8 +138,6 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
     assert trained.retrieval_pool == 0 and not trained.copy_examples
     with pytest.raises(ValueError, match="kept names"):
         ExperienceModel(None, None, ExperienceConfig(neighbours=0))
-    with pytest.raises(ValueError, match="renamed_copies"):
-        ExperienceConfig(renamed_copies=2)
     with pytest.raises(ValueError, match="retrieval_pool"):
         ExperienceConfig(neighbours=3, retrieval_pool=2)
 
@@ -169,7 +167,7 @@ def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_epi
     result = train_sft(
         [{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY, tmp_path, seed=0, progress=False
     )
-    with_placeholders = ExperienceModel(*load_experience_model(result.model_dir), TINY, kept_names=kept)
+    with_placeholders = ExperienceModel(*load_model(result.model_dir), TINY, kept_names=kept)
     # The same episode in a game whose foods have names no training game has.
     foods = {name for row in first_episode for name in Placeholders.of_row(kept, row).mapping}
     unseen = Renamer({name: f"zelmor {name}" for name in foods})
@@ -186,6 +184,6 @@ def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_epi
     assert _exact(new, renamed) >= 0.5 and _exact(seen, first_episode) >= 0.5
     # Without placeholders, the same tiny model trained on the same episode writes the names it
     # learnt: it gets the renamed episode wrong wherever a food changes.
-    without = ExperienceModel(*load_experience_model(tiny_experience.model_dir), TINY_EXPERIENCE)
+    without = ExperienceModel(*load_model(tiny_experience.model_dir), TINY_EXPERIENCE)
     baseline = _exact(without.predict(renamed_queries), renamed)
     assert baseline < _exact(new, renamed), baseline

@@ -18,14 +18,14 @@ from transformers import TrainerCallback
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.model import (
+from dreamgym.lm.model import (
     device_and_dtype,
     init_model,
-    load_experience_model,
+    load_model,
     load_pretrained,
     train_tokenizer,
 )
-from dreamgym.experience.train import (
+from dreamgym.lm.sft import (
     TrainResult,
     fit_example,
     fit_examples,
@@ -120,7 +120,7 @@ def test_truncation_keeps_the_completion_and_the_end_of_the_prompt(split, tokeni
     assert sum(ex["prompt"] != orig["prompt"] for ex, orig in zip(fitted, train)) == truncated
     short = {"prompt": "Action: look\n", "completion": "Reward: 0\n"}
     assert fit_example(short["prompt"], short["completion"], tokenizer, 160) == (short["prompt"], False)
-    with pytest.raises(DreamgymError, match=r"completion alone is longer than experience.max_length"):
+    with pytest.raises(DreamgymError, match=r"completion alone is longer than max_length"):
         fit_example("Action: look\n", "Reward: 0\n" * 100, tokenizer, 64)
 
 
@@ -182,7 +182,7 @@ def test_training_loss_falls_and_the_weights_change(split, trained):
     assert result.tokens_per_second > 0 and result.resumed_from is None and not result.reused
 
     # The saved tokenizer is the one learned from the training examples alone.
-    model, tokenizer = load_experience_model(result.model_dir)
+    model, tokenizer = load_model(result.model_dir)
     assert tokenizer.get_vocab() == train_tokenizer(_texts(train), 512).get_vocab()
     initial = init_model(tokenizer, TINY, seed=0)
     assert result.parameters == sum(p.numel() for p in initial.parameters())
@@ -211,7 +211,7 @@ def test_a_finished_run_is_reused_not_retrained(split, trained):
 
 def test_batched_left_padded_generation_matches_one_by_one(split, trained):
     """The pad token and left padding are right for batched generation: same greedy output."""
-    model, tokenizer = load_experience_model(trained[0].model_dir)
+    model, tokenizer = load_model(trained[0].model_dir)
     prompts = [example["prompt"][-400:] for example in split[1][:4]]
     prompts[1] = prompts[1][-150:]  # different lengths, so that padding happens
 
@@ -256,8 +256,8 @@ def test_a_crashed_run_resumes_from_its_last_checkpoint(split, tmp_path):
     # The checkpoint's weights, optimizer, schedule and data order were restored: the result is the
     # same as an uninterrupted run's.
     straight = train_sft(examples, config, tmp_path / "straight", seed=0, progress=False)
-    resumed_model, _ = load_experience_model(resumed.model_dir)
-    straight_model, _ = load_experience_model(straight.model_dir)
+    resumed_model, _ = load_model(resumed.model_dir)
+    straight_model, _ = load_model(straight.model_dir)
     for (name, value), other in zip(resumed_model.named_parameters(), straight_model.parameters()):
         torch.testing.assert_close(value, other, msg=name)
 
@@ -273,8 +273,8 @@ def test_missing_models_and_mlflow_runs_give_clear_errors(split, tmp_path):
     config = dataclasses.replace(TINY, model=str(tmp_path / "missing"))
     with pytest.raises(DreamgymError, match="cannot be loaded from local files"):
         train_sft(split[0], config, tmp_path / "pretrained", seed=0, progress=False)
-    with pytest.raises(DreamgymError, match="no saved experience model"):
-        load_experience_model(tmp_path)
+    with pytest.raises(DreamgymError, match="no saved model"):
+        load_model(tmp_path)
     with pytest.raises(DreamgymError, match="active MLflow run"):
         train_sft(split[0], TINY, tmp_path / "run", seed=0, progress=False, log_to_mlflow=True)
     with pytest.raises(DreamgymError, match="no training examples"):

@@ -1,5 +1,6 @@
 """The ingest flow end to end: real games, real collection, GX validation, DVC, MLflow, Prefect."""
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -54,19 +55,19 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
 
     first = ingest(config, str(project))
     version = read_version(project)
-    assert first["data_md5"] == version.md5 and first["data_changed"]
-    assert first["train_games"] == 3 and first["test_games"] == 1
-    assert first["collection"]["trajectories"] == 9 and not first["collection"]["reused"]
-    assert 0.0 < first["collection"]["success_rate"] <= 1.0
-    assert first["validation"]["passed"] and first["validation"]["quarantined_rows"] == 0
-    transitions = first["collection"]["transitions"]
-    assert (first["buffer"]["inserted"], first["buffer"]["skipped"]) == (transitions, 0)
+    assert first.data_md5 == version.md5 and first.data_changed
+    assert first.train_games == 3 and first.test_games == 1
+    assert first.collection.trajectories == 9 and not first.collection.reused
+    assert 0.0 < first.collection.success_rate <= 1.0
+    assert first.validation.passed and first.validation.quarantined_rows == 0
+    transitions = first.collection.transitions
+    assert (first.buffer.inserted, first.buffer.skipped) == (transitions, 0)
 
     [run] = _runs(config.experiment)
-    assert run.info.status == "FINISHED" and run.info.run_id == first["mlflow_run_id"]
+    assert run.info.status == "FINISHED" and run.info.run_id == first.mlflow_run_id
     assert run.data.params["collect.epsilon"] == "0.3" and run.data.params["games.train_count"] == "3"
     assert run.data.tags["dreamgym.data_md5"] == version.md5
-    assert run.data.metrics["collect_transitions"] == first["collection"]["transitions"]
+    assert run.data.metrics["collect_transitions"] == first.collection.transitions
     assert run.data.metrics["validation_bad_fraction"] == 0.0
     assert run.data.metrics["buffer_inserted"] == transitions
     [dataset_input] = run.inputs.dataset_inputs
@@ -87,13 +88,11 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     second = ingest(config, str(project))
     assert (project / "dvc.lock").read_text() == lock, "an unchanged re-run changed dvc.lock"
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
-    assert first["cached_stages"] == [] and first["data_changed"] and not first["buffer"]["cached"]
-    assert second["cached_stages"] == ["collect-trajectories", "validate-trajectories", "version-data", "upsert-buffer"]
-    assert not second["data_changed"] and second["buffer"] == first["buffer"] | {"cached": True}
-    unchanged = ("mlflow_run_id", "cached_stages", "data_changed", "buffer")
-    assert {k: v for k, v in second.items() if k not in unchanged} == {
-        k: v for k, v in first.items() if k not in unchanged
-    }
+    assert first.cached_stages == [] and first.data_changed and not first.buffer_cached
+    assert second.cached_stages == ["collect-trajectories", "validate-trajectories", "version-data", "upsert-buffer"]
+    assert not second.data_changed and second.buffer == first.buffer and second.buffer_cached
+    unchanged = {"mlflow_run_id": "", "cached_stages": [], "data_changed": False, "buffer_cached": False}
+    assert dataclasses.replace(second, **unchanged) == dataclasses.replace(first, **unchanged)
 
     # Recomputed (cache ignored, `dreamgym run --refresh`): every step finds its work done.
     from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
@@ -102,10 +101,10 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
         third = ingest(config, str(project))
     assert (project / "dvc.lock").read_text() == lock
     assert {game: game.stat().st_mtime_ns for game in games} == mtimes, "games were regenerated"
-    assert third["collection"]["reused"]
-    assert third["collection"]["transitions"] == first["collection"]["transitions"]
-    assert (third["data_md5"], third["data_changed"]) == (first["data_md5"], False)
-    assert (third["buffer"]["inserted"], third["buffer"]["skipped"]) == (0, transitions)
+    assert third.collection.reused
+    assert third.collection.transitions == first.collection.transitions
+    assert (third.data_md5, third.data_changed) == (first.data_md5, False)
+    assert (third.buffer.inserted, third.buffer.skipped) == (0, transitions)
     assert len(_runs(config.experiment)) == 3
 
 
@@ -163,28 +162,28 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     ingested = ingest(config, str(project))
     first = train_experience(config, ingested, str(project))
 
-    assert first["model"] == f"models:/{MODEL_NAME}/1" and not first["train"]["reused"]
-    fidelity = first["fidelity"]
+    assert first.model == f"models:/{MODEL_NAME}/1" and not first.train.reused
+    fidelity = first.fidelity
     assert fidelity["transitions"] > 0 and 0.0 <= fidelity["parse_failure_rate"] <= 1.0
     assert [entry["step"] for entry in fidelity["multi_step"]] == [1, 2]
 
     client = MlflowClient()
     version = client.get_model_version(MODEL_NAME, "1")
-    assert version.tags["data_md5"] == ingested["data_md5"] and version.run_id == first["mlflow_run_id"]
-    run = client.get_run(first["mlflow_run_id"])
-    assert run.data.tags["dreamgym.data_md5"] == ingested["data_md5"]
+    assert version.tags["data_md5"] == ingested.data_md5 and version.run_id == first.mlflow_run_id
+    run = client.get_run(first.mlflow_run_id)
+    assert run.data.tags["dreamgym.data_md5"] == ingested.data_md5
     assert run.data.params["experience.neighbours"] == "2"
     losses = client.get_metric_history(run.info.run_id, "train_loss")
     assert losses and run.data.metrics["fidelity_transitions"] == fidelity["transitions"]
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "experience")}
     assert {"experience/loss.png", "experience/fidelity_summary.json", "experience/fidelity_open_loop.png"} <= artifacts
     # The registered model is a complete model folder that loads.
-    from dreamgym.experience.model import load_experience_model
+    from dreamgym.lm.model import load_model
     from dreamgym.registry import resolve_model
 
     model_dir, label = resolve_model(MODEL_NAME, project / "models-cache")
     assert label == f"models:/{MODEL_NAME}/1"
-    load_experience_model(model_dir)
+    load_model(model_dir)
     # With the names its placeholders leave as they are (every game has a knife; foods differ).
     from dreamgym.experience.generate import trained_kept_names
 
@@ -192,7 +191,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     assert kept is not None and "knife" in kept and "fridge" in kept
 
     second = train_experience(config, ingested, str(project))  # a cache hit: the first result
-    assert (second["train"], second["model"], second["fidelity"]) == (first["train"], first["model"], first["fidelity"])
+    assert (second.train, second.model, second.fidelity) == (first.train, first.model, first.fidelity)
     assert len(client.search_model_versions(f"name = '{MODEL_NAME}'")) == 1
 
     # The policy flow on that experience model: BC -> GRPO in DreamEnv -> real evaluation -> registry.
@@ -201,13 +200,13 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
 
     config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW})
     policy = train_policy(config, ingested, second, str(project))
-    assert policy["model"] == f"models:/{POLICY}/1"
-    assert [e["name"] for e in policy["evaluations"]] == ["untrained", "bc", "dreamgym"]
-    assert all(e["episodes"] == 1 and e["real_transitions"] > 0 for e in policy["evaluations"])
-    assert policy["rl"]["epochs"] == 1 and policy["rl"]["real_transitions"] == 0
-    assert policy["rl"]["synthetic_transitions"] > 0
-    run = client.get_run(policy["mlflow_run_id"])
-    assert run.data.tags["dreamgym.experience_model"] == first["model"]
+    assert policy.model == f"models:/{POLICY}/1"
+    assert [e["name"] for e in policy.evaluations] == ["untrained", "bc", "dreamgym"]
+    assert all(e["episodes"] == 1 and e["real_transitions"] > 0 for e in policy.evaluations)
+    assert policy.rl.epochs == 1 and policy.rl.real_transitions == 0
+    assert policy.rl.synthetic_transitions > 0
+    run = client.get_run(policy.mlflow_run_id)
+    assert run.data.tags["dreamgym.experience_model"] == first.model
     assert {
         "eval_untrained_success_rate",
         "eval_bc_success_rate",
@@ -219,14 +218,13 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
     assert any(path.endswith("learning_curves.png") for path in artifacts)
     version = client.get_model_version(POLICY, "1")
-    assert version.tags["experience_model"] == first["model"]
+    assert version.tags["experience_model"] == first.model
     again = train_policy(config, ingested, second, str(project))
-    assert (again["rl"], again["model"], again["evaluations"]) == (policy["rl"], policy["model"], policy["evaluations"])
+    assert (again.rl, again.model, again.evaluations) == (policy.rl, policy.model, policy.evaluations)
     assert len(client.search_model_versions(f"name = '{POLICY}'")) == 1
 
 
 def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
-    import dataclasses
 
     import flows.train_experience as flow
     from dreamgym.config import ExperienceConfig
@@ -239,7 +237,9 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
         flow.examples_key("md5", dataclasses.replace(config, history=0), "encoder"),
         flow.examples_key("md5", dataclasses.replace(config, reasoning=False), "encoder"),
         flow.examples_key("md5", dataclasses.replace(config, placeholders=False), "encoder"),
-        flow.examples_key("md5", dataclasses.replace(config, placeholders=False, renamed_copies=2), "encoder"),
+        flow.examples_key(
+            "md5", dataclasses.replace(config, annotator="openai", annotator_url="u", annotator_model="m"), "encoder"
+        ),
         flow.examples_key("md5", dataclasses.replace(config, variations_per_task=0), "encoder"),
         flow.examples_key("md5", dataclasses.replace(config, synthetic_neighbours=True), "encoder"),
         flow.examples_key("md5", config, "another-encoder"),
@@ -260,7 +260,7 @@ def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
             backend_url="http://gpu:8000/v1",
             backend_model="m",
             synthetic_neighbours=True,
-            constrain_removals=False,
+            constrained_decoding=False,
         ),
     )
     assert flow._training_key(served) == flow._training_key(pipeline)

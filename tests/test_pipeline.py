@@ -13,8 +13,6 @@ import yaml
 from mlflow.tracking import MlflowClient
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
-from flows.ingest import summary_rows
-
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 
@@ -77,7 +75,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     client = MlflowClient()
 
     # One parent run, a nested run per stage; each records the full config and the dataset.
-    parent = client.get_run(first["mlflow_run_id"])
+    parent = client.get_run(first.mlflow_run_id)
     experiment = parent.info.experiment_id
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {run.data.tags["dreamgym.stage"] for run in children} == {
@@ -86,7 +84,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
         "train-policy",
         "promotion",
     }
-    data_md5 = first["ingest"]["data_md5"]
+    data_md5 = first.ingest.data_md5
     for run in [parent, *children]:
         assert run.data.params["rl.epochs"] == "1" and run.data.params["seed"] == "0", run.info.run_name
         assert [i.dataset.digest for i in run.inputs.dataset_inputs] == [data_md5], run.info.run_name
@@ -111,12 +109,12 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     # The new version is the challenger; the gate's decision is on its tags and in the run.
     version = client.get_model_version("dreamgym-policy", "1")
     assert "challenger" in version.aliases
-    decision = first["promotion"]
-    assert version.tags["promotion.decision"] == ("promoted" if decision["promoted"] else "rejected")
-    bc = next(e for e in first["policy"]["evaluations"] if e["name"] == "bc")
-    rl = next(e for e in first["policy"]["evaluations"] if e["name"] == "dreamgym")
-    assert decision["promoted"] == (rl["success_rate"] > bc["success_rate"] and decision["p_value"] < 0.05)
-    assert ("champion" in version.aliases) == decision["promoted"]
+    promotion = first.promotion
+    assert version.tags["promotion.decision"] == ("promoted" if promotion.promoted else "rejected")
+    bc = next(e for e in first.policy.evaluations if e["name"] == "bc")
+    rl = next(e for e in first.policy.evaluations if e["name"] == "dreamgym")
+    assert promotion.promoted == (rl["success_rate"] > bc["success_rate"] and promotion.decision.p_value < 0.05)
+    assert ("champion" in version.aliases) == promotion.promoted
 
     # The run wrote the DVC stages' metrics and recorded them: DVC has nothing to redo.
     status = subprocess.run(
@@ -142,16 +140,16 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert _buffer_rows(project) == rows
     assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 1
     assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
-    assert second["policy"]["evaluations"] == first["policy"]["evaluations"]
+    assert second.policy.evaluations == first.policy.evaluations
     # ... and it says so: no rows inserted by this run, no data version presented as new, and its
     # MLflow runs name the stages an earlier run did instead of logging that run's work as theirs.
-    ingest = second["ingest"]
-    assert ingest["buffer"]["cached"] and not ingest["data_changed"]
-    assert {"collect-trajectories", "upsert-buffer", "version-data"} <= set(ingest["cached_stages"])
-    rows_shown = dict(summary_rows(ingest))
+    ingest = second.ingest
+    assert ingest.buffer_cached and not ingest.data_changed
+    assert {"collect-trajectories", "upsert-buffer", "version-data"} <= set(ingest.cached_stages)
+    rows_shown = dict(ingest.rows())
     assert rows_shown["buffer rows inserted / already there"].startswith("nothing this run: cached")
     assert "(unchanged)" in rows_shown["data version (DVC md5)"]
-    cached_run = client.get_run(ingest["mlflow_run_id"])
+    cached_run = client.get_run(ingest.mlflow_run_id)
     assert "upsert-buffer" in cached_run.data.tags["dreamgym.cached_stages"]
     assert "buffer_inserted" not in cached_run.data.metrics and "collect_seconds" not in cached_run.data.metrics
 
@@ -163,8 +161,8 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     # (record-dvc-stage: dvc.lock notes the policy stage's new params; the experience stage's is a hit.)
     assert ran == {"rl-in-dream-env", "evaluate-policy", "promotion-gate", "record-dvc-stage"}, states
     assert "Cached" in states["record-dvc-stage"]
-    assert third["policy"]["model"] == "models:/dreamgym-policy/2"
-    assert third["experience"]["model"] == first["experience"]["model"]
+    assert third.policy.model == "models:/dreamgym-policy/2"
+    assert third.experience.model == first.experience.model
     assert "challenger" in client.get_model_version("dreamgym-policy", "2").aliases
 
 
@@ -250,9 +248,9 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
         counts = dict(connection.execute(text("SELECT source, count(*) FROM transitions GROUP BY source")).all())
     # Every real transition once (content hashes are unique); at most the RL run's synthetic steps
     # written back (the tiny experience model's unparseable predictions are not transitions).
-    assert counts["real"] == resumed["ingest"]["collection"]["transitions"]
-    assert counts.get("synthetic", 0) <= resumed["policy"]["rl"]["synthetic_transitions"]
-    assert resumed["policy"]["rl"]["epochs"] == KILLABLE["rl.epochs"]
+    assert counts["real"] == resumed.ingest.collection.transitions
+    assert counts.get("synthetic", 0) <= resumed.policy.rl.synthetic_transitions
+    assert resumed.policy.rl.epochs == KILLABLE["rl.epochs"]
     # The killed run no longer holds the embedded server: its users are live processes only, so
     # the last of them stops it (before the fix the dead PID kept it running for good).
     from dreamgym.buffer.db import HANDLE_FILE, _alive
@@ -263,20 +261,15 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
     # The same seed in a fresh project, uninterrupted: the same figures everywhere.
     fresh = make_project(tmp_path / "fresh", train_games, test_games)
     uninterrupted = pipeline(str(_write_params(fresh, KILLABLE)))
-    first, second = (client.get_run(summary["mlflow_run_id"]).data.metrics for summary in (resumed, uninterrupted))
+    first, second = (client.get_run(result.mlflow_run_id).data.metrics for result in (resumed, uninterrupted))
     assert first == second and "eval_dreamgym_success_rate" in first
     # The RL curves' last values (the resumed run logged the epochs after the kill).
-    first, second = (
-        client.get_run(summary["policy"]["mlflow_run_id"]).data.metrics for summary in (resumed, uninterrupted)
-    )
+    first, second = (client.get_run(result.policy.mlflow_run_id).data.metrics for result in (resumed, uninterrupted))
     learned = {key for key in first if key.startswith(("rl_", "eval_"))}
     assert learned and {key: first[key] for key in _timeless(learned)} == {
         key: second[key] for key in _timeless(learned)
     }
-    assert (
-        resumed["policy"]["evaluations"][-1]["success_rate"]
-        == uninterrupted["policy"]["evaluations"][-1]["success_rate"]
-    )
+    assert resumed.policy.evaluations[-1]["success_rate"] == uninterrupted.policy.evaluations[-1]["success_rate"]
 
 
 def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, train_games, test_games, prefect_server):

@@ -12,7 +12,7 @@ import torch
 
 from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.model import init_model, train_tokenizer
+from dreamgym.lm.model import init_model, train_tokenizer
 from dreamgym.policy.bc import bc_examples, initial_policy
 from dreamgym.policy.model import (
     KEPT_NAMES_FILE,

@@ -162,8 +162,8 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, f
 
     from dreamgym.envs.dream_env import DreamEnv
     from dreamgym.experience.generate import ExperienceModel
-    from dreamgym.experience.model import load_experience_model
     from dreamgym.experience.variations import seed_tasks
+    from dreamgym.lm.model import load_model
 
     assert first_episode[-1]["won"], "the tiny experience model learned a won episode"
     # The tiny experience model knows one episode by heart, so the warm start is cloned from that
@@ -172,18 +172,18 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, f
     start = train_bc(
         bc_examples(first_episode, TINY_POLICY, kept), TINY_POLICY, tmp_path / "bc", seed=0, kept=kept, progress=False
     ).model_dir
-    model, tokenizer = load_experience_model(tiny_experience.model_dir)
-    # Unconstrained decoding, no retries. This model knows one episode: it replays that episode
-    # with or without the default constraints (11/11 steps), but an action off it fails to parse
-    # either way (10 of 12 from the first state, unconstrained or not). With the default
-    # constraints and retries, 373 of this test's 416 model steps failed and the real score stayed
-    # at 0.75 (7.8 min; measured 2026-11-24); unconstrained, a failed step changes nothing, which
-    # GRPO learns to avoid, and the test runs in about a minute. A test with the defaults on needs
-    # an experience model that predicts actions it has not seen (issue 26), not a decoding switch.
+    model, tokenizer = load_model(tiny_experience.model_dir)
+    # Unconstrained decoding, no retries. This model knows one episode by heart, and an action off
+    # it fails to parse. With the default constraints and one retry it also fails 3 of the 11
+    # steps of that very episode (computed on one thread, as `make test` does), so the dream never
+    # pays the warm start a point and GRPO has nothing to learn from (dream return 0 in all of 8
+    # epochs; measured 2026-11-25). Unconstrained, a failed step changes nothing, which GRPO learns
+    # to avoid. A test with the defaults on needs an experience model that predicts actions it has
+    # not seen (issue 26), not a decoding switch.
     experience = ExperienceModel(
         model,
         tokenizer,
-        dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256, constrain_removals=False, retries=0),
+        dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256, constrained_decoding=False, retries=0),
         seed=0,
     )
     task = seed_tasks(first_episode)[0]
@@ -203,8 +203,11 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, f
         return sum(episode.episode_return("score") for episode in played) / 16
 
     # The score (the model's predicted rewards for each right step) gives GRPO a signal at this
-    # budget; an 11-step recipe is rarely finished by a tiny policy in a few epochs.
-    config = dataclasses.replace(TINY_RL, env="dream", epochs=4, max_steps=steps, reward="score")
+    # budget; an 11-step recipe is rarely finished by a tiny policy in a few epochs. The warm start
+    # scores in 1 or 2 of 8 dream episodes, and the dream return only climbs after ~5 epochs: with
+    # 4, one thread (xdist) left the real score at 0.75 while two threads passed. With 8, RL seeds
+    # 0, 1, 2 on one thread: real score 0.75 -> 1.63, 1.50, 1.06 (~55 s each).
+    config = dataclasses.replace(TINY_RL, env="dream", epochs=8, max_steps=steps, reward="score")
     curriculum = Curriculum([task], ONE_TASK, seed=0)
     result = train_rl(
         start,

@@ -14,6 +14,7 @@ stored in the Parquet file's metadata; collecting again with the same ones reuse
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing
 import random
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from dreamgym.config import POLICIES, PipelineConfig
+from dreamgym.data.games import list_games
 from dreamgym.data.schema import (
     content_hash,
     read_metadata,
@@ -214,3 +216,12 @@ def collect(
     table = to_table((row for game in games for row in rows_by_game[str(game)]), metadata)
     write_transitions(table, out)
     return CollectionResult(path=str(out), seconds=time.perf_counter() - started, reused=False, **summarize(table))
+
+
+def collect_held_out(games_dir: str | Path, out: str | Path, config: PipelineConfig) -> str:
+    """Real transitions to measure a model against (fidelity): one new episode on each of the
+    first `experience.eval_games` games (0: all), with the data's behaviour policy but another
+    seed, so they are never episodes it trained on. Reused when collected with the same settings."""
+    games = list_games(games_dir)[: config.experience.eval_games or None]
+    settings = dataclasses.replace(CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1)
+    return collect(games, out, settings, workers=config.collect.workers).path

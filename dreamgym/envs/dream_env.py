@@ -27,8 +27,7 @@ from datetime import UTC, datetime
 
 from dreamgym.data.schema import content_hash, trajectory_id
 from dreamgym.envs.base import EnvError, Info, StepResult, Task
-from dreamgym.experience.format import Step
-from dreamgym.experience.generate import ExperienceModel, Query
+from dreamgym.envs.dynamics import Dynamics, Query, Step
 from dreamgym.state import AbstractState, StateParseError, format_state, parse_state
 
 ENV_NAME = "dream"
@@ -57,7 +56,7 @@ class DreamEnv:
 
     def __init__(
         self,
-        model: ExperienceModel,
+        model: Dynamics,
         max_steps: int = 50,
         *,
         slot: int = 0,
@@ -125,7 +124,7 @@ class DreamEnv:
             instruction=episode.task.instruction,
             state=episode.state,
             action=action,
-            history=tuple(episode.history[-self.model.config.history :]) if self.model.config.history else (),
+            history=tuple(episode.history[-self.model.history :]) if self.model.history else (),
             trajectory_id=episode.trajectory_id,
         )
 

@@ -9,7 +9,7 @@ rollout never has). Retrieval is batched: one search for a batch of rows.
 `truncated`: truncation is the step budget of whoever runs the episode, which neither the state
 nor the action shows, so the synthetic environment applies its own budget, as the real one does.
 
-With `experience.placeholders`, game-specific objects are shown as placeholders (placeholders.py),
+With `experience.placeholders`, game-specific objects are shown as placeholders (dreamgym/placeholders.py),
 in the example's own rows and, numbered on their own, in each worked example. With
 `experience.copy_examples`, a completion whose change is exactly a worked example's names that
 example (`same as example 1`, format.py) instead of writing the change out. A model trained on
@@ -20,9 +20,8 @@ and with `copy_examples` a reasoning that is exactly an example's trace names th
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -34,17 +33,9 @@ from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_instructions
 from dreamgym.config import ExperienceConfig
+from dreamgym.envs.dynamics import Step
 from dreamgym.experience.annotate import Annotator, describe_change
-from dreamgym.experience.augment import (
-    Renamer,
-    invented_names,
-    name_vocabulary,
-    names_in,
-    object_names,
-    renamable_names,
-)
 from dreamgym.experience.format import (
-    Step,
     Worked,
     format_completion,
     format_prompt,
@@ -53,8 +44,8 @@ from dreamgym.experience.format import (
     state_delta,
     task_says,
 )
-from dreamgym.experience.placeholders import Placeholders, kept_names
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
+from dreamgym.placeholders import Placeholders, kept_names
 from dreamgym.state import AbstractState, format_state, parse_state
 
 _KEPT_KEY = "dreamgym.kept_names"
@@ -74,7 +65,6 @@ class Example:
     content_hash: str
     neighbour_hashes: tuple[str, ...] = ()  # content hashes of the worked examples
     neighbour_trajectory_ids: tuple[str, ...] = ()  # and their trajectories, in prompt order
-    renaming: int = 0  # 0: the real transition; n: its n-th copy with invented names (augment.py)
     objective: str = "transition"  # or "variation": seed task -> variant task (variations.py)
 
 
@@ -221,9 +211,9 @@ def build_examples(
     kept: frozenset[str] | None = None,
 ) -> list[Example]:
     """One example per transition row (`dreamgym.data.schema` columns), sorted by trajectory and
-    step, each followed by its `config.renamed_copies` renamed copies; retrieval runs once per
+    step; retrieval runs once per
     `batch` rows. With `config.placeholders`, objects not in `kept` (default: `kept_names(rows)`)
-    are shown as placeholders (placeholders.py)."""
+    are shown as placeholders (dreamgym/placeholders.py)."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     ordered = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
@@ -231,8 +221,6 @@ def build_examples(
         kept = kept_names(ordered)
     elif not config.placeholders:
         kept = None
-    renamable = renamable_names(ordered) if config.renamed_copies else frozenset()
-    renaming = (renamable, name_vocabulary(renamable), object_names(ordered))
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):
@@ -250,37 +238,8 @@ def build_examples(
             )
             for offset, transitions in enumerate(found):
                 examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))
-                examples += _renamed_copies(ordered, start + offset, transitions, config, annotate, *renaming)
             bar.update(len(found))
     return examples
-
-
-def _renamed_copies(
-    rows: Sequence[dict],
-    index: int,
-    found: list[dict],
-    config: ExperienceConfig,
-    annotate: Annotator,
-    renamable: frozenset[str],
-    vocabulary: Sequence[str],
-    known: frozenset[str],
-) -> list[Example]:
-    """The example of `rows[index]` again, `config.renamed_copies` times, each time with the
-    carried objects it shows given other invented names (never the name of an object in the
-    data); none when it shows no renamable object."""
-    window = rows[max(0, index - config.history) : index + 1]
-    present = names_in([*window, *found], renamable)
-    if not present:
-        return []
-    rng = random.Random(rows[index]["content_hash"])  # the same copies on every build
-    copies = []
-    for number in range(1, config.renamed_copies + 1):
-        renamer = Renamer(invented_names(present, rng, vocabulary, avoid=known))
-        example = _example(
-            [renamer.row(row) for row in window], len(window) - 1, [renamer.row(t) for t in found], config, annotate
-        )
-        copies.append(replace(example, renaming=number))
-    return copies
 
 
 def _example(

@@ -21,35 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from tqdm import tqdm
 
-from dreamgym.config import PipelineConfig
-from dreamgym.data.collect import CollectionSettings, collect
-from dreamgym.data.games import list_games
-from dreamgym.experience.format import Step
-from dreamgym.experience.generate import ExperienceModel, Prediction, Query
+from dreamgym.envs.dynamics import Prediction, Query, Step
+from dreamgym.experience.generate import ExperienceModel
 from dreamgym.state import AbstractState, item_name, parse_state
 
 FIELDS = ("location", "visible", "inventory", "actions")
-
-
-def collect_real(games_dir: str | Path, out: str | Path, config: PipelineConfig) -> str:
-    """Real transitions to measure against: one episode on each of the first
-    `experience.eval_games` games, with the data's behaviour policy but another seed, so the
-    held-out episodes are new ones. Reused when already collected with the same settings."""
-    games = list_games(games_dir)
-    if config.experience.eval_games:
-        games = games[: config.experience.eval_games]
-    settings = CollectionSettings(
-        policy=config.collect.policy,
-        epsilon=config.collect.epsilon,
-        episodes_per_game=1,
-        seed=config.seed + 1,
-        max_steps=config.env.max_steps,
-    )
-    return collect(games, out, settings, workers=config.collect.workers).path
 
 
 def set_f1(predicted: Sequence[str], real: Sequence[str]) -> float:

@@ -78,7 +78,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dreamgym.envs.dynamics import Completion, Step
 from dreamgym.errors import DreamgymError
+from dreamgym.placeholders import Placeholders
 from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state, item_name
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
@@ -104,25 +106,6 @@ _EXAMPLE = re.compile(
 
 class FormatError(DreamgymError):
     """A completion or state delta that does not follow the experience model's format."""
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What a completion says: the reasoning (None without reasoning) and the predicted step."""
-
-    reasoning: str | None
-    next_state: AbstractState
-    reward: float
-    done: bool
-
-
-@dataclass(frozen=True)
-class Step:
-    """One earlier step of the episode, as the prompt's history shows it."""
-
-    action: str
-    reward: float
-    location: str
 
 
 @dataclass(frozen=True)
@@ -531,3 +514,15 @@ def _worked_block(example: Worked) -> str:
             outcome,
         ],
     )
+
+
+def with_real_names(completion: Completion, placeholders: Placeholders) -> Completion:
+    """A completion predicted on placeholders, with the real names back; `FormatError` (a failed
+    attempt, generated again) when that would repeat an item."""
+    next_state = placeholders.backward.abstract(completion.next_state)
+    for field in LIST_FIELDS:
+        items = getattr(next_state, field)
+        if len(set(items)) != len(items):  # e.g. `obj1` and, memorised, the name it stands for
+            raise FormatError(f"{field}: the prediction names an object both by its placeholder and by its real name")
+    reasoning = None if completion.reasoning is None else placeholders.backward.text(completion.reasoning)
+    return Completion(reasoning=reasoning, next_state=next_state, reward=completion.reward, done=completion.done)

@@ -20,28 +20,27 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import torch
 from transformers import LogitsProcessorList
 
-from dreamgym.config import ExperienceConfig, PipelineConfig
+from dreamgym.config import ExperienceConfig, PipelineConfig, config_part
+from dreamgym.envs.dynamics import Prediction, Query, Step
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FORMAT_VERSION,
-    Completion,
     FormatError,
-    Step,
     example_changes,
     example_traces,
     format_prompt,
     parse_completion,
+    with_real_names,
 )
-from dreamgym.experience.placeholders import Placeholders
+from dreamgym.placeholders import Placeholders
 from dreamgym.state import AbstractState
 
 # Generation stops at the end of the completion's last section, whatever follows in the vocabulary.
@@ -54,7 +53,6 @@ RETRY_TEMPERATURE = 0.8
 CACHE = "static"
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
-TRAINED_SHAPE = ("history", "neighbours", "reasoning", "placeholders", "retrieval_pool", "copy_examples", "annotator")
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
 _RETRIED_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -104,41 +102,14 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
             f"{trained.get('format', 2)}, and this dreamgym writes format {FORMAT_VERSION} "
             "(experience/format.py): train it again with dreamgym run"
         )
-    # A model saved before placeholders existed was trained without them. Renamed copies are
-    # training data only, and cannot be asked for together with placeholders.
+    # A model saved before placeholders existed was trained without them.
     trained.setdefault("placeholders", False)
     trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
     trained.setdefault("copy_examples", False)  # and wrote every change out
     trained.setdefault("annotator", "state-diff")  # the only one there was
-    # The annotator's endpoint comes along with it: the config refuses an openai annotator without one.
-    annotator = {key: trained.get(key, "") for key in ("annotator_url", "annotator_model")}
-    return dataclasses.replace(
-        current,
-        **{key: trained[key] for key in TRAINED_SHAPE},
-        **annotator,
-        renamed_copies=0 if trained["placeholders"] else current.renamed_copies,
-    )
-
-
-@dataclass(frozen=True)
-class Query:
-    instruction: str
-    state: AbstractState
-    action: str
-    history: tuple[Step, ...] = ()
-    trajectory_id: str | None = None  # its own trajectory is never retrieved
-
-
-@dataclass(frozen=True)
-class Prediction:
-    completion: Completion | None  # None: no attempt parsed
-    text: str  # the last generated completion text
-    attempts: int
-    error: str | None = None  # why the last attempt did not parse
-
-    @property
-    def ok(self) -> bool:
-        return self.completion is not None
+    trained.setdefault("annotator_url", "")
+    trained.setdefault("annotator_model", "")
+    return dataclasses.replace(current, **{key: trained[key] for key in config_part(current, "prompt")})
 
 
 class ExperienceModel:
@@ -231,7 +202,7 @@ class ExperienceModel:
         traces: Sequence[Sequence[str | None]] | None = None,
     ) -> list[str]:
         """Completions of `prompts` in one batched call: greedy, or sampled for a retry. With
-        the prompts' current `states` (and experience.constrain_removals), a removal can only
+        the prompts' current `states` (and experience.constrained_decoding), a removal can only
         name an item the state has, an addition cannot repeat one, a reference can only name
         a worked example whose change (`changes`: each prompt's `example_changes`) fits the state,
         and the reward and done are those the reasoning stated, itself or by naming an example
@@ -242,7 +213,7 @@ class ExperienceModel:
         stated = traces_examples(self.config)  # state-diff traces state the reward and the end
         constraint = (
             [DeltaConstraint(self.tokenizer, states, inputs["input_ids"].shape[1], changes, stated, traces)]
-            if states is not None and self.config.constrain_removals
+            if states is not None and self.config.constrained_decoding
             else []
         )
         output = self.model.generate(
@@ -263,6 +234,11 @@ class ExperienceModel:
         texts = self.tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         # A batch row that stopped early is padded after its stop string; cut there.
         return [text[: text.index(STOP) + len(STOP)] if STOP in text else text for text in texts]
+
+    @property
+    def history(self) -> int:
+        """Earlier steps of the episode a query carries (DreamEnv's `Dynamics`)."""
+        return self.config.history
 
     def predict(self, queries: Sequence[Query]) -> list[Prediction]:
         """The predicted step of each query, in its real names (`Prediction.text` is what the
@@ -300,7 +276,7 @@ class ExperienceModel:
                     completion = parse_completion(
                         text, queries[index].state, self.config.reasoning, shown_changes[index], shown_traces[index]
                     )
-                    results[index] = Prediction(framed[index][2].restore(completion), text, attempt + 1)
+                    results[index] = Prediction(with_real_names(completion, framed[index][2]), text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
                     still.append(index)
@@ -440,11 +416,11 @@ def open_experience_model(
     """
     from dreamgym.buffer.embeddings import Encoder  # heavy imports, needed here only
     from dreamgym.buffer.migrations import open_migrated
-    from dreamgym.experience.model import load_experience_model
+    from dreamgym.lm.model import load_model
 
     settings = trained_settings(model_dir, config.experience)
     kept = trained_kept_names(model_dir)
-    weights = None if settings.backend == "http" else load_experience_model(model_dir)
+    weights = None if settings.backend == "http" else load_model(model_dir)
 
     def build(database, encoder) -> ExperienceModel:
         if weights is None:

@@ -11,7 +11,7 @@ open, into a state whose fridge is closed.
 So retrieval fetches a pool of candidates by embedding and keeps the k whose situation is
 closest: the same action first, then the largest share of state items (location, visible and
 carried items, available actions: their Jaccard index), then the embedding's order. With
-placeholders, both sides are compared in their own placeholders (placeholders.py), so that
+placeholders, both sides are compared in their own placeholders (dreamgym/placeholders.py), so that
 "take tomato from counter" on a held-out game matches "take carrot from counter" in training.
 Held-out queries (215, default data) with an example showing the exact answer among three, by
 pool size: 30% (the nearest 3), 50% (30), 58% (100), 70% (300), 73% (1000); then, a pool of 300
@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dreamgym.experience.format import LIST_FIELDS, acted_object, fits, state_delta, task_mentions, whole_word
-from dreamgym.experience.placeholders import Placeholders
+from dreamgym.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state
 
 # Bumped whenever the ranking changes which examples are shown: built examples keyed on it are

@@ -4,7 +4,7 @@ A second SFT objective, trained with the transitions on the same model: from a s
 instruction and initial state) write a variant task, another instruction and initial state with
 the same kinds of actions but other objects, goals or layout. The targets are real: other tasks'
 real initial states (another recipe, other rooms), and the seed itself with every carried object
-renamed (the same layout with new objects, `augment.py`). The prompt and completion:
+renamed (the same layout with new objects, `dreamgym/renaming.py`). The prompt and completion:
 
     <seed_task>...</seed_task>
     <seed_state>
@@ -33,7 +33,9 @@ import torch
 
 from dreamgym.curriculum import variation_id
 from dreamgym.envs.base import Task
-from dreamgym.experience.augment import (
+from dreamgym.experience.examples import Example
+from dreamgym.experience.generate import CACHE
+from dreamgym.renaming import (
     Renamer,
     invented_names,
     name_vocabulary,
@@ -41,8 +43,6 @@ from dreamgym.experience.augment import (
     object_names,
     renamable_names,
 )
-from dreamgym.experience.examples import Example
-from dreamgym.experience.generate import CACHE
 
 VARIANT_STOP = "</state>"
 SAMPLING_TEMPERATURE = 1.0

@@ -40,9 +40,9 @@ from tqdm.auto import tqdm
 
 from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.model import FROM_SCRATCH, init_model, load_pretrained, train_tokenizer
-from dreamgym.experience.placeholders import kept_names
-from dreamgym.experience.train import RESULT_FILE, TRAINING_FIELDS, TrainResult, claim_run_directory, train_sft
+from dreamgym.lm.model import FROM_SCRATCH, init_model, load_pretrained, train_tokenizer
+from dreamgym.lm.sft import RESULT_FILE, TrainResult, claim_run_directory, train_sft, training_settings
+from dreamgym.placeholders import kept_names
 from dreamgym.policy.model import Policy, action_completion, save_settings
 from dreamgym.policy.view import policy_input
 
@@ -167,7 +167,7 @@ def _identity(examples: Sequence[dict], config: PolicyConfig, seed: int) -> dict
     return {
         "objective": "choice",
         "examples": digest.hexdigest(),
-        "settings": {**{name: getattr(config, name) for name in TRAINING_FIELDS}, "seed": seed},
+        "settings": {**training_settings(config), "seed": seed},
     }
 
 

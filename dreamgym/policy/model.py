@@ -31,15 +31,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dreamgym.config import PolicyConfig
+from dreamgym.config import PolicyConfig, config_part
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_experience_model
+from dreamgym.lm.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_model
 from dreamgym.policy.view import PolicyInput, policy_input
 
 SETTINGS_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.pt"
 KEPT_NAMES_FILE = "kept_names.json"
-PROMPT_SETTINGS = ("history", "mode", "max_length", "max_new_tokens", "action_score", "placeholders")
 
 
 class PolicyError(DreamgymError):
@@ -279,7 +278,7 @@ class Policy(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Model, tokenizer, settings and value head in one folder (written beside it, then renamed)."""
-        path = save_experience_model(self.model, self.tokenizer, path)
+        path = save_model(self.model, self.tokenizer, path)
         save_settings(path, self.config, self.kept_names)
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), path / VALUE_HEAD_FILE)
@@ -289,7 +288,7 @@ class Policy(nn.Module):
 def save_settings(path: str | Path, config: PolicyConfig, kept_names: frozenset[str] | None) -> None:
     """The prompt settings a saved policy was trained with (its prompt must not change later),
     and with placeholders on, the names that keep their text."""
-    (Path(path) / SETTINGS_FILE).write_text(json.dumps({key: getattr(config, key) for key in PROMPT_SETTINGS}))
+    (Path(path) / SETTINGS_FILE).write_text(json.dumps(config_part(config, "prompt", "generation", "model")))
     if config.placeholders:
         (Path(path) / KEPT_NAMES_FILE).write_text(json.dumps(sorted(kept_names or ())))
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dreamgym.experience.augment import Renamer
-from dreamgym.experience.placeholders import carried_names, shown_names
+from dreamgym.placeholders import carried_names, shown_names
+from dreamgym.renaming import Renamer
 from dreamgym.state import parse_state
 
 PROMPT_END = "next action:"

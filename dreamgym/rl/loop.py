@@ -41,7 +41,7 @@ from dreamgym.curriculum import Curriculum
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.train import claim_run_directory, progress_bars
+from dreamgym.lm.sft import claim_run_directory, progress_bars
 from dreamgym.policy.model import Policy, load_policy
 from dreamgym.rl.common import Sample
 from dreamgym.rl.grpo import GRPO

@@ -1,4 +1,5 @@
-"""The experience model's causal LM: a from-scratch tokenizer and small Llama, or a local HF model.
+"""A causal LM for the experience model or the policy: a from-scratch tokenizer and small Llama, or a
+local Hugging Face model.
 
 Special tokens of the from-scratch tokenizer, and why:
 
@@ -138,9 +139,9 @@ def _load(
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as error:
         raise ModelNotFoundError(
-            f"experience.model = {str(name_or_path)!r} cannot be loaded from local files "
+            f"model {str(name_or_path)!r} cannot be loaded from local files "
             f"({str(error).splitlines()[0]}). "
-            "Nothing is downloaded here: point experience.model at a local directory holding the "
+            "Nothing is downloaded here: point experience.model or policy.model at a local directory holding the "
             "model and its tokenizer (save_pretrained), pre-fill the Hugging Face cache "
             "(HF_HOME) on a machine with access, or use 'from_scratch'"
         ) from None
@@ -155,7 +156,7 @@ def load_pretrained(name_or_path: str | Path) -> tuple[PreTrainedModel, PreTrain
     return _load(name_or_path, dtype=torch.float32)
 
 
-def save_experience_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
     """Save model and tokenizer together, written beside the target and renamed into place, so a
     crash never leaves a half-written model under the final name."""
     path = Path(path)
@@ -168,12 +169,12 @@ def save_experience_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizer
     return path
 
 
-def load_experience_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A trained experience model, on the inference device and dtype, in eval mode."""
+def load_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved model (`save_model`), on the inference device and dtype, in eval mode."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelNotFoundError(
-            f"{path} holds no saved experience model (no config.json); train one first (`train_sft`) or check the path"
+            f"{path} holds no saved model (no config.json); train one first (`train_sft`) or check the path"
         )
     device, dtype = device_and_dtype()
     model, tokenizer = _load(path, dtype=dtype)

@@ -1,4 +1,5 @@
-"""Placeholder names for game-specific objects, so that the experience model never has to copy one.
+"""Placeholder names for game-specific objects, so that the experience model and the policy never
+have to copy one.
 
 A small model trained on a few dozen games learns their ingredients' names by heart. On a held-out
 game (new foods) it answers "take tomato from counter" with `inventory: +yellow potato`, a name it
@@ -25,8 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from dreamgym.experience.augment import Renamer
-from dreamgym.experience.format import LIST_FIELDS, Completion, FormatError
+from dreamgym.renaming import Renamer
 from dreamgym.state import AbstractState, item_name, parse_state
 
 PLACEHOLDER = "obj{}"
@@ -101,20 +101,3 @@ class Placeholders:
 
     def row(self, row: Mapping) -> dict:
         return self.forward.row(row)
-
-    def restore(self, completion: Completion) -> Completion:
-        """A completion predicted on placeholders, with the real names back; `FormatError` (a failed
-        attempt, generated again) when that would repeat an item."""
-        next_state = self.backward.abstract(completion.next_state)
-        for field in LIST_FIELDS:
-            items = getattr(next_state, field)
-            if len(set(items)) != len(items):  # e.g. `obj1` and, memorised, the name it stands for
-                raise FormatError(
-                    f"{field}: the prediction names an object both by its placeholder and by its real name"
-                )
-        return Completion(
-            reasoning=(None if completion.reasoning is None else self.backward.text(completion.reasoning)),
-            next_state=next_state,
-            reward=completion.reward,
-            done=completion.done,
-        )

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of the experience model on prompt/completion examples (TRL `SFTTrainer`).
+"""Supervised fine-tuning of a causal LM on prompt/completion examples (TRL `SFTTrainer`): the
+experience model, and the policy in `policy.mode: generate`.
 
 A run lives in one output directory:
 
@@ -44,33 +45,20 @@ from transformers import (
     TrainerCallback,
 )
 
+from dreamgym.config import config_part
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.model import (
+from dreamgym.lm.model import (
     FROM_SCRATCH,
     ModelSettings,
     init_model,
     load_pretrained,
-    save_experience_model,
+    save_model,
     train_tokenizer,
 )
 
 if TYPE_CHECKING:
     from trl import SFTConfig, SFTTrainer
 
-# The settings that change what training produces; generation and example-building settings are
-# not here (the latter are already reflected in the examples themselves).
-TRAINING_FIELDS = (
-    "model",
-    "vocab_size",
-    "hidden_size",
-    "layers",
-    "heads",
-    "max_length",
-    "epochs",
-    "batch_size",
-    "learning_rate",
-    "warmup_ratio",
-)
 RESULT_FILE = "train_result.json"
 # Log about 100 points per run (a fraction < 1 is a share of the total steps for the Trainer).
 LOGGING_FRACTION = 0.01
@@ -131,9 +119,9 @@ def fit_example(prompt: str, completion: str, tokenizer: PreTrainedTokenizerBase
         dropped += excess
         if dropped >= len(offsets):
             raise DreamgymError(
-                f"an example's completion alone is longer than experience.max_length = {max_length} "
+                f"an example's completion alone is longer than max_length = {max_length} "
                 f"tokens ({len(completion)} characters: {completion[:80]!r}...); raise "
-                "experience.max_length or shorten completions (e.g. fewer reasoning lines)"
+                "the model's max_length (experience.max_length or policy.max_length) or shorten completions"
             )
         fitted = prompt[offsets[dropped][0] :]
         excess = _length(tokenizer, fitted, completion) - max_length
@@ -178,10 +166,17 @@ def _digest(examples: Sequence[dict[str, str]] | None) -> str | None:
     return digest.hexdigest()
 
 
+def training_settings(config: ModelSettings) -> dict[str, Any]:
+    """The settings that change what training produces: the model and training parts of the
+    config. Generation and example-building settings are not among them (the latter are already
+    reflected in the examples themselves), nor is the checkpoint interval."""
+    return config_part(config, "model", "training")
+
+
 def _run_identity(
     examples: Sequence[dict[str, str]], eval_examples: Sequence[dict[str, str]] | None, config: ModelSettings, seed: int
 ) -> dict[str, Any]:
-    settings = {name: getattr(config, name) for name in TRAINING_FIELDS}
+    settings = training_settings(config)
     return {
         "examples": _digest(examples),
         "eval_examples": _digest(eval_examples),
@@ -435,7 +430,7 @@ def train_sft(
     log_to_mlflow: bool = False,
     callbacks: Sequence[TrainerCallback] = (),
 ) -> TrainResult:
-    """Train the experience model with loss on the completions only; see the module docstring for
+    """Train a causal LM with loss on the completions only; see the module docstring for
     the run directory, resume and truncation rules. `callbacks` are extra TrainerCallbacks (e.g. a
     UI, early stopping). With `log_to_mlflow`, metrics go to the caller's active MLflow run."""
     started = time.perf_counter()
@@ -464,7 +459,7 @@ def train_sft(
         trainer = _run_trainer(
             model, tokenizer, train_rows, eval_rows, args, checkpoint, [throughput, *extra, *callbacks]
         )
-        model_dir = save_experience_model(trainer.model, tokenizer, output_dir / "model")
+        model_dir = save_model(trainer.model, tokenizer, output_dir / "model")
 
     eval_losses = _history(trainer.state.log_history, "eval_loss")
     result = TrainResult(
@@ -504,7 +499,7 @@ def plot_losses(result: TrainResult, path: str | Path) -> Path:
         xlabel="step",
         ylabel="loss (completion tokens)",
         yscale="log",
-        title=f"experience model SFT: {result.parameters / 1e6:.1f}M parameters, {result.steps} steps",
+        title=f"SFT: {result.parameters / 1e6:.1f}M parameters, {result.steps} steps",
     )
     axes.grid(alpha=0.3)
     axes.legend()

@@ -1,16 +1,12 @@
-"""Renamed copies of training transitions, so that the experience model learns to copy names.
+"""Renaming objects in transitions: consistent, whole-word, simultaneous (`Renamer`), and invented
+names for task variations.
 
-A small model trained on a few dozen games memorises their object names instead of reading them
-from the prompt: on a held-out game it answers "take green hot pepper" with the red hot pepper it
-saw in training. Held-out games are made of objects the training games never show, so the model
-must copy a name from the state and action into the next state, whatever the name is.
-
-A renamed copy is the same transition with every portable object (anything that is ever carried)
-consistently given an invented name, everywhere it occurs: instruction, states, action, history
-and worked examples. The dynamics do not change, only the names, so the completion stays exactly
-right; lists are re-sorted, as the state format requires. Invented names mix words of the real
-names with made-up ones ("potato zelmor", "brask"), so that neither the first word nor the set of
-known words gives a name away.
+Used by the placeholders (names to `obj1`, `obj2`, ... and back) of the experience model and the
+policy, and by the curriculum's task variations, which give a seed task's objects invented names
+(the same layout with new objects). A rename changes every occurrence at once, everywhere it
+occurs (instruction, states, action, history, worked examples), and re-sorts lists as the state
+format requires; invented names mix words of the real names with made-up ones ("potato zelmor",
+"brask"), so that neither the first word nor the set of known words gives a name away.
 """
 
 from __future__ import annotations
