@@ -103,6 +103,28 @@ def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, firs
     assert sum(p.ok for p in predictions) >= len(batch) // 2, [p.error for p in predictions]
 
 
+def test_rows_that_finished_leave_the_batch_and_the_others_write_the_same_tokens(
+    tiny_experience, first_episode, monkeypatch
+):
+    import dreamgym.experience.generate as generate
+
+    model, tokenizer = load_model(tiny_experience.model_dir)
+    experience = ExperienceModel(model, tokenizer, TINY)
+    queries = _queries(first_episode[:8])
+    prompts = experience.prompts(queries)
+    states = [query.state for query in queries]
+    monkeypatch.setattr(generate, "COMPACT_AFTER", 10_000)  # one call for the whole batch
+    whole = experience.generate(prompts, states=states)
+    batches = []
+    original = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: batches.append(len(kw["input_ids"])) or original(**kw))
+    monkeypatch.setattr(generate, "COMPACT_AFTER", 8)
+    compacted = experience.generate(prompts, states=states)
+    assert compacted == whole
+    # It went on in smaller batches: the rows that had ended were left out.
+    assert batches[0] == len(prompts) and len(batches) > 2 and batches[-1] < len(prompts), batches
+
+
 def test_an_untrained_model_fails_explicitly(tiny_experience, first_episode):
     from dreamgym.lm.model import init_model
 
