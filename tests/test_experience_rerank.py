@@ -49,6 +49,11 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     assert closest(query, candidates, 4) == [2, 3, 1, 0]
     assert closest(query, candidates, 2) == [2, 3]
     assert closest(query, [], 3) == []
+    # Fewer than k with the move: the others follow, ranked among themselves.
+    candidates.append(Situation("go east", frozenset({"a", "b", "c", "d", "e"})))  # 4 of 5, other move
+    assert closest(query, candidates, 5) == [2, 3, 1, 0, 4]
+    everything = sorted(range(5), key=lambda i: closeness(query, candidates[i]), reverse=True)
+    assert all(closest(query, candidates, k) == everything[:k] for k in range(1, 6))
     empty = Situation("look", frozenset())
     assert closeness(empty, empty) == (True, False, True, True, True, True, 1.0)
 

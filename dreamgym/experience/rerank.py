@@ -192,7 +192,10 @@ def closest(
     """The indices of the k candidates closest to `query` (`changes`: the candidates' changes);
     ties keep the candidates' order."""
     changes = changes if changes is not None else [None] * len(candidates)
+    same_action = [i for i, candidate in enumerate(candidates) if candidate.action == query.action]
+    # The same action comes first: when k candidates have it, the others need not be scored.
+    scored = same_action if len(same_action) >= k else range(len(candidates))
     ranked = sorted(
-        range(len(candidates)), key=lambda i: closeness(query, candidates[i], changes[i]), reverse=True
+        scored, key=lambda i: closeness(query, candidates[i], changes[i]), reverse=True
     )  # a stable sort, reversed or not
     return ranked[:k]
