@@ -447,7 +447,8 @@ def experience_eval(
 @experience_app.command("ablate")
 def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
     """Train and measure the experience model without retrieval, history or reasoning (same data,
-    seed and budget); writes outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
+    seed and budget), and measure no model (the top neighbour's change copied); writes
+    outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
     config = _config(params)
     from dreamgym.tracking import configure_services
 

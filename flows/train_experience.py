@@ -26,7 +26,7 @@ from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_part, load_config
 from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
-from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
+from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.annotate import make_annotator
 from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
 from dreamgym.experience.fidelity import evaluate
@@ -150,11 +150,17 @@ def real_transitions_task(test_games_dir: str, out: str, config: PipelineConfig)
 @task(
     name="evaluate-fidelity",
     cache_key_fn=stage_key(
-        sections=("experience", "buffer", "seed"), params=("model_dir", "run_dir"), files=("real_path",)
+        sections=("experience", "buffer", "seed"),
+        params=("model_dir", "run_dir", "copy_neighbours"),
+        files=("real_path",),
     ),
 )
-def evaluate_task(model_dir: str, real_path: str, run_dir: str, config: PipelineConfig) -> dict:
-    with open_experience_model(model_dir, run_dir, config) as experience:
+def evaluate_task(
+    model_dir: str, real_path: str, run_dir: str, config: PipelineConfig, copy_neighbours: bool = False
+) -> dict:
+    """Fidelity of the model in `model_dir`, or with `copy_neighbours` of no model: its prompts'
+    top neighbour's change (`NeighbourCopy`)."""
+    with open_experience_model(model_dir, run_dir, config, copy_neighbours) as experience:
         report = evaluate(
             experience, read_transitions(real_path).to_pylist(), config.experience.multi_step, progress=True
         )
@@ -224,12 +230,16 @@ def ablate_experience(config: PipelineConfig, ingested: IngestResult, project_di
     out_dir = project / config.paths.outputs_dir / "experience"
     out_dir.mkdir(parents=True, exist_ok=True)
     with stage_run("ablate-experience", config, project, tags={"dreamgym.data_md5": ingested.data_md5}) as run:
-        results = {
+        trained = {
             name: train_experience(
                 variant, ingested, project_dir, register_model=name == "full", run_name=f"experience: {name}"
-            ).fidelity
+            )
             for name, variant in variant_configs(config).items()
         }
+        results = {name: result.fidelity for name, result in trained.items()}
+        if config.experience.neighbours:  # what the LM adds over the example it is shown
+            copied = {NO_MODEL: neighbour_copy_fidelity(config, trained["full"], project)}
+            results = {"full": results.pop("full"), **copied, **results}
         rows = ablation_rows(results)
         table = markdown(rows)
         (out_dir / "ablation.md").write_text(table + "\n")
@@ -242,6 +252,19 @@ def ablate_experience(config: PipelineConfig, ingested: IngestResult, project_di
             description="Fidelity with retrieval, history or reasoning removed",
         )
         return {"mlflow_run_id": run.info.run_id, "rows": rows, "table": table}
+
+
+def neighbour_copy_fidelity(config: PipelineConfig, full: ExperienceResult, project: Path) -> dict:
+    """The ablation row without a model, in its own nested MLflow run: the full model's prompts'
+    top neighbour's change, measured on the same real transitions."""
+    with stage_run("experience-no-model", config, project, run_name=f"experience: {NO_MODEL}"):
+        return evaluate_task(
+            str(full.train.model_dir),
+            str(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet"),
+            str(project / config.paths.run_dir),
+            config,
+            copy_neighbours=True,
+        )
 
 
 @flow(name="experience-ablation")

@@ -1,8 +1,17 @@
-"""The ablation variants and their table (the training and measurement are the flow's, tested in
-test_ingest_flow.py)."""
+"""The ablation variants, the row without a model, and their table."""
 
+import dataclasses
+
+from conftest import TINY_EXPERIENCE as TINY
+
+from dreamgym.buffer.store import upsert_transitions
 from dreamgym.config import load_config
+from dreamgym.data.schema import read_transitions, to_table
+from dreamgym.envs.dynamics import Query
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
+from dreamgym.experience.format import apply_delta, example_changes, example_outcomes, fits
+from dreamgym.experience.generate import NeighbourCopy
+from dreamgym.state import parse_state
 
 
 def test_each_variant_switches_off_one_part_and_keeps_the_rest(tmp_path):
@@ -39,3 +48,28 @@ def test_table_and_plot(tmp_path):
     assert table[2] == "| full | 50.0% | 90.0% | 100.0% | 5.0% | 25.0% |"
     assert table[3].endswith("| - |")
     assert plot(rows, tmp_path / "ablation.png").stat().st_size > 1000
+
+
+def test_no_model_copies_the_top_neighbours_change_and_fails_where_it_does_not_fit(
+    buffer_db, encoder, offline_dataset, first_episode
+):
+    upsert_transitions(buffer_db, to_table(read_transitions(offline_dataset).to_pylist()), embed=encoder.encode)
+    copier = NeighbourCopy(dataclasses.replace(TINY, neighbours=1, retrieval_pool=50), buffer_db, encoder, 100)
+    # The query's own episode is never retrieved: its neighbours come from the other episodes.
+    queries = [
+        Query(row["instruction"], parse_state(row["state"]), row["action"], (), row["trajectory_id"])
+        for row in first_episode
+    ]
+    predictions = copier.predict(queries)
+    for query, prompt, prediction in zip(queries, copier.prompts(queries), predictions):
+        change, (reward, done) = example_changes(prompt)[0], example_outcomes(prompt)[0]
+        if fits(query.state, change):
+            assert prediction.ok and prediction.completion.next_state == apply_delta(query.state, change)
+            assert (prediction.completion.reward, prediction.completion.done) == (reward, done)
+        else:  # an explicit failure, tried once: a copy is the same every time
+            assert not prediction.ok and prediction.attempts == 1 and "does not fit" in prediction.error
+    # The other episodes of this game make the same moves: most copies are what the game did.
+    exact = sum(
+        p.ok and p.completion.next_state == parse_state(row["next_state"]) for p, row in zip(predictions, first_episode)
+    )
+    assert exact >= len(first_episode) // 2, exact

@@ -1,9 +1,11 @@
-"""The ablation table: the experience model without retrieval, history or reasoning.
+"""The ablation table: the experience model without retrieval, history or reasoning, and no model.
 
 Each variant is the configured model with one part switched off and everything else (data, seed,
 size, training budget) the same, measured by the same fidelity evaluation on the same real
 transitions — the paper's ablation (its Table 3) for our environment, measured against the real
-game instead of a judge.
+game instead of a judge. The row `NO_MODEL` trains nothing: the top-ranked neighbour that the full
+model's prompt shows, its change applied (`generate.NeighbourCopy`), so the table shows what the
+LM adds to the example it is given.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ VARIANTS = {
     "no history (h=0)": {"history": 0},
     "no reasoning": {"reasoning": False},
 }
+NO_MODEL = "no model: top neighbour's change"
 COLUMNS = (
     ("next_state_exact_match", "next state exact"),
     ("reward_accuracy", "reward acc."),

@@ -99,7 +99,7 @@ _SAME_AS = re.compile(SAME_AS.format(r"(\d+)"))
 _EXAMPLE = re.compile(
     r"<example>\nlocation: [^\n]*\naction: [^\n]*\n(?:task says: [^\n]*\n)?"
     r"(?:reasoning: ([^\n]*)\n)?changes:\n(.*?)\n"
-    r"reward: [^\n]* done: (?:true|false)\n</example>",
+    r"reward: ([^\n]*) done: (true|false)\n</example>",
     re.S,
 )
 
@@ -480,13 +480,18 @@ def whole_word(name: str) -> re.Pattern:
 def example_changes(prompt: str) -> list[str]:
     """The changes (deltas) of a prompt's worked examples, in order: what `same as example i`
     in a completion's next state stands for."""
-    return [changes for _, changes in _EXAMPLE.findall(prompt)]
+    return [changes for _, changes, _, _ in _EXAMPLE.findall(prompt)]
 
 
 def example_traces(prompt: str) -> list[str | None]:
     """The reasoning traces of a prompt's worked examples, in order (None: one shown without):
     what `same as example i` in a completion's reasoning stands for."""
-    return [trace or None for trace, _ in _EXAMPLE.findall(prompt)]
+    return [trace or None for trace, _, _, _ in _EXAMPLE.findall(prompt)]
+
+
+def example_outcomes(prompt: str) -> list[tuple[float, bool]]:
+    """The reward and done each of a prompt's worked examples shows, in order."""
+    return [(_parse_reward(reward), _parse_done(done)) for _, _, reward, done in _EXAMPLE.findall(prompt)]
 
 
 def one_line(text: str) -> str:

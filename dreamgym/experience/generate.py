@@ -33,9 +33,12 @@ from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FORMAT_VERSION,
+    SAME_AS,
     FormatError,
     example_changes,
+    example_outcomes,
     example_traces,
+    format_completion,
     format_prompt,
     parse_completion,
     with_real_names,
@@ -334,6 +337,43 @@ def _renamed(query: Query, names: Placeholders) -> Query:
     )
 
 
+class NeighbourCopy(ExperienceModel):
+    """No model at all, for the ablation that shows what the LM adds: each query's first worked
+    example (the top-ranked neighbour, as the model's prompt shows it) is copied, its change
+    applied to the query's state, its reward and done taken as they are. A query whose example's
+    change does not fit its state is an explicit failure, as it is for the model. Retrieval,
+    placeholders and parsing are the model's own code."""
+
+    def __init__(
+        self,
+        config: ExperienceConfig,
+        database=None,
+        encoder=None,
+        ef_search: int = 80,
+        seed: int = 0,
+        kept_names: frozenset[str] | None = None,
+    ):
+        if not config.neighbours:
+            raise ValueError("copying the top neighbour needs retrieval (experience.neighbours > 0)")
+        # A copy is the same on every try: retrying it would only cost time.
+        config = dataclasses.replace(config, retries=0)
+        super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names)
+
+    def generate(self, prompts: Sequence[str], *args, **kwargs) -> list[str]:
+        return [self._copied(prompt) for prompt in prompts]
+
+    def _copied(self, prompt: str) -> str:
+        outcomes = example_outcomes(prompt)
+        if not outcomes:
+            return ""  # nothing retrieved to copy: the parser refuses the empty completion
+        reward, done = outcomes[0]
+        reference = SAME_AS.format(1)
+        if not self.config.reasoning:
+            return format_completion(None, reference, reward, done)
+        trace = reference if example_traces(prompt)[0] is not None else "as in example 1"
+        return format_completion(trace, reference, reward, done)
+
+
 class RemoteExperienceModel(ExperienceModel):
     """The experience model served by an OpenAI-compatible completions endpoint (e.g. vLLM serving
     the trained model directory); no local weights. Each `generate` is one request for the batch.
@@ -444,12 +484,13 @@ class RemoteExperienceModel(ExperienceModel):
 
 @contextmanager
 def open_experience_model(
-    model_dir: str | Path, run_dir: str | Path, config: PipelineConfig
+    model_dir: str | Path, run_dir: str | Path, config: PipelineConfig, copy_neighbours: bool = False
 ) -> Iterator[ExperienceModel]:
     """The model in `model_dir` with its buffer and encoder, ready to predict.
 
     With experience.backend: http the model is the one the server serves; `model_dir` is read only
-    for the prompt shape the model was trained with (its settings file), when it is there.
+    for the prompt shape the model was trained with (its settings file), when it is there. With
+    `copy_neighbours`, no model: the top neighbour's change in that model's prompts (`NeighbourCopy`).
     """
     from dreamgym.buffer.embeddings import Encoder  # heavy imports, needed here only
     from dreamgym.buffer.migrations import open_migrated
@@ -457,9 +498,11 @@ def open_experience_model(
 
     settings = trained_settings(model_dir, config.experience)
     kept = trained_kept_names(model_dir)
-    weights = None if settings.backend == "http" else load_model(model_dir)
+    weights = None if settings.backend == "http" or copy_neighbours else load_model(model_dir)
 
     def build(database, encoder) -> ExperienceModel:
+        if copy_neighbours:
+            return NeighbourCopy(settings, database, encoder, config.buffer.ef_search, config.seed, kept)
         if weights is None:
             return RemoteExperienceModel(settings, database, encoder, config.buffer.ef_search, config.seed, kept)
         return ExperienceModel(*weights, settings, database, encoder, config.buffer.ef_search, config.seed, kept)
