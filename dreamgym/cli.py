@@ -179,13 +179,22 @@ def games(
     seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Base seed [default: params seed].")] = None,
     out: Annotated[Path | None, typer.Option(help="Output folder [default: <data_dir>/games/<split>].")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Parallel tw-make processes.")] = None,
+    recipe: Annotated[
+        list[int] | None, typer.Option(help="Ingredients per recipe, repeatable [default: games.recipe].")
+    ] = None,
+    take: Annotated[
+        list[int] | None, typer.Option(help="Ingredients to find, repeatable [default: games.take].")
+    ] = None,
+    go: Annotated[list[int] | None, typer.Option(help="Rooms (1, 6, 9 or 12), repeatable [default: games.go].")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
-    """Generate TextWorld cooking games (skips those that exist)."""
+    """Generate TextWorld cooking games (skips those that exist). Settings other than the training
+    data's make a shifted set: `--split test --recipe 3 --go 9 --out data/games/shifted`."""
     from dreamgym.data.games import check_split, generate_games, plan_games
 
     check_split(split)
-    config = _config(params, {"games.workers": workers, "seed": seed})
+    settings = {"games.recipe": recipe, "games.take": take, "games.go": go}
+    config = _config(params, {"games.workers": workers, "seed": seed} | {k: v for k, v in settings.items() if v})
     if count is None:  # held-out splits (valid, test) share test_count
         count = config.games.train_count if split == "train" else config.games.test_count
     seed = config.seed
@@ -399,13 +408,23 @@ def experience_eval(
     eval_games: Annotated[
         int | None, typer.Option(min=0, help="Games to use, 0 for all [default: experience.eval_games].")
     ] = None,
+    no_model: Annotated[
+        bool,
+        typer.Option(
+            "--no-model",
+            help="Measure no model instead: the top neighbour the model's prompt shows, its change applied "
+            "(what the model adds is the difference).",
+        ),
+    ] = False,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
-    """Fidelity of an experience model against the real game, on real transitions it never saw."""
+    """Fidelity of an experience model against the real game, on real transitions it never saw,
+    in all and per game setting."""
 
     from dreamgym.data.collect import collect_held_out
+    from dreamgym.data.games import game_setting
     from dreamgym.data.schema import read_transitions
-    from dreamgym.experience.fidelity import evaluate
+    from dreamgym.experience.fidelity import evaluate, setting_table
     from dreamgym.experience.generate import open_experience_model
     from dreamgym.experience.report import log_fidelity
     from dreamgym.registry import resolve_model
@@ -421,15 +440,19 @@ def experience_eval(
     real = collect_held_out(
         games, project / config.paths.outputs_dir / "experience" / f"eval-{games.resolve().name}.parquet", config
     )
-    tags = {"dreamgym.model": label, "dreamgym.eval_games": str(games.resolve())}
+    tags = {"dreamgym.model": label, "dreamgym.eval_games": str(games.resolve()), "dreamgym.no_model": str(no_model)}
     with stage_run("experience-eval", config, project, tags=tags):
-        with open_experience_model(model_dir, run_dir, config) as experience:
+        with open_experience_model(model_dir, run_dir, config, copy_neighbours=no_model) as experience:
             report = evaluate(
-                experience, read_transitions(real).to_pylist(), config.experience.multi_step, progress=True
+                experience,
+                read_transitions(real).to_pylist(),
+                config.experience.multi_step,
+                progress=True,
+                setting_of=game_setting,
             )
         summary = log_fidelity(report)
     json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps({"model": label, **summary}, indent=2))
+    json_out.write_text(json.dumps({"model": label, "no_model": no_model, **summary}, indent=2))
     console.print(
         f"next-state exact match {summary['next_state_exact_match']:.1%}, reward accuracy "
         f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
@@ -442,6 +465,7 @@ def experience_eval(
         f"prompt shows): exact match {foreseen['next_state_exact_match']:.1%}, reward "
         f"{foreseen['reward_accuracy']:.1%}, done {foreseen['done_accuracy']:.1%}"
     )
+    console.print(setting_table(summary["by_setting"]))
 
 
 @experience_app.command("ablate")

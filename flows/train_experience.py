@@ -25,6 +25,7 @@ from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_part, load_config
 from dreamgym.data.collect import collect_held_out
+from dreamgym.data.games import game_setting
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.annotate import make_annotator
@@ -162,7 +163,11 @@ def evaluate_task(
     top neighbour's change (`NeighbourCopy`)."""
     with open_experience_model(model_dir, run_dir, config, copy_neighbours) as experience:
         report = evaluate(
-            experience, read_transitions(real_path).to_pylist(), config.experience.multi_step, progress=True
+            experience,
+            read_transitions(real_path).to_pylist(),
+            config.experience.multi_step,
+            progress=True,
+            setting_of=game_setting,
         )
     return log_fidelity(report)
 

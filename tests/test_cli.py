@@ -35,6 +35,15 @@ def test_unknown_split(tmp_path):
     )
 
 
+def test_games_with_other_settings_make_a_shifted_set(tmp_path):
+    done = dreamgym("games", "--split", "test", "--count", "1", "--recipe", "3", "--go", "9", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert [game.name for game in tmp_path.glob("*.z8")] == ["cooking-test-r3t2g9-okc-s0.z8"]
+    assert_one_line_error(
+        dreamgym("games", "--count", "1", "--recipe", "7", "--out", str(tmp_path)), "recipe value 7 is out of range"
+    )
+
+
 def test_missing_game_file(train_games, tmp_path):
     # A game's metadata without its story file: the folder holds no playable game.
     (tmp_path / "only.json").write_bytes(train_games[0].with_suffix(".json").read_bytes())

@@ -35,6 +35,21 @@ def test_a_model_trained_on_another_prompt_format_is_refused(tmp_path):
     assert trained_settings(tmp_path, TINY) == dataclasses.replace(TINY, **openai)
 
 
+def test_scores_by_setting_in_natural_order():
+    from dreamgym.experience.fidelity import by_setting, setting_table
+
+    def record(task_id: str, exact: bool) -> dict:
+        return {"task_id": task_id, "exact_match": exact, "reward_correct": True, "done_correct": True, "parsed": True}
+
+    records = [record("a-12", True), record("b-12", False), record("a-6", True), record("a-6", False)]
+    rooms = lambda task_id: f"rooms {task_id.split('-')[1]}"  # noqa: E731
+    scores = by_setting(records, rooms)
+    assert list(scores) == ["rooms 6", "rooms 12"]
+    assert scores["rooms 12"]["games"] == 2 and scores["rooms 6"]["games"] == 1
+    assert scores["rooms 6"]["next_state_exact_match"] == 0.5 == scores["rooms 12"]["next_state_exact_match"]
+    assert setting_table(scores).splitlines()[2] == "| rooms 6 | 1 | 2 | 50.0% | 100.0% | 100.0% | 0.0% |"
+
+
 def test_set_and_field_f1():
     assert set_f1([], []) == 1.0
     assert set_f1(["a", "b"], ["b", "c"]) == pytest.approx(0.5)
@@ -140,8 +155,15 @@ def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
     model, tokenizer = load_model(tiny_experience.model_dir)
     settings = trained_settings(tiny_experience.model_dir, dataclasses.replace(TINY, history=3))
     assert settings.history == TINY.history  # the prompt shape it was tiny_experience with wins
-    report = evaluate(ExperienceModel(model, tokenizer, settings), first_episode, horizon=3)
+    setting_of = lambda task_id: "this game" if task_id == first_episode[0]["task_id"] else "other"  # noqa: E731
+    report = evaluate(ExperienceModel(model, tokenizer, settings), first_episode, horizon=3, setting_of=setting_of)
     summary = report.summary
+    # Per setting: here all of one game, so one setting whose scores are the whole report's.
+    assert list(summary["by_setting"]) == ["this game"]
+    assert summary["by_setting"]["this game"] == {"games": 1} | {
+        key: summary[key]
+        for key in ("transitions", "next_state_exact_match", "reward_accuracy", "done_accuracy", "parse_failure_rate")
+    }
     assert summary["transitions"] == len(first_episode) == len(report.records)
     failures = sum(not r["parsed"] for r in report.records)
     assert summary["parse_failure_rate"] == pytest.approx(failures / len(first_episode))

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from dreamgym.config import GamesConfig
-from dreamgym.data.games import generate_games, list_games, plan_games
+from dreamgym.data.games import game_setting, generate_games, list_games, plan_games
 from dreamgym.errors import DreamgymError
 
 
@@ -17,6 +17,14 @@ def test_plan_is_deterministic_and_draws_from_the_configured_settings():
     assert all(spec.take <= spec.recipe for spec in plan)
     assert len({spec.name for spec in plan}) == 30
     assert plan[0].name.startswith("cooking-train-r") and plan[0].name.endswith("-okc-s300000")
+
+
+def test_a_games_setting_is_read_back_from_its_name():
+    plan = plan_games(GamesConfig(recipe=(3,), take=(2,), go=(12,), cook=False), "test", 2, seed=5)
+    assert {game_setting(spec.name) for spec in plan} == {"recipe 3, take 2, rooms 12, open/cut"}
+    bare = plan_games(GamesConfig(recipe=(1,), take=(1,), go=(1,), open=False, cook=False, cut=False), "train", 1, 0)
+    assert game_setting(bare[0].name) == "recipe 1, take 1, rooms 1"
+    assert game_setting("tw-simple-game") == "other"
 
 
 def test_unknown_split_is_rejected():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,21 @@ class GameSpec:
         ]
         args += [f"--{flag}" for flag, on in (("open", self.open), ("cook", self.cook), ("cut", self.cut)) if on]
         return args
+
+
+_NAME = re.compile(r"cooking-\w+-r(\d+)t(\d+)g(\d+)(?:-([okc]+))?-s\d+")
+_FLAGS = {"o": "open", "k": "cook", "c": "cut"}
+
+
+def game_setting(task_id: str) -> str:
+    """The tw-cooking settings a game was made with, read from its name (`GameSpec.name`):
+    "recipe 2, take 1, rooms 6, open/cook/cut"; "other" for a game not named so."""
+    match = _NAME.fullmatch(task_id)
+    if match is None:
+        return "other"
+    recipe, take, go, flags = match.groups()
+    label = f"recipe {recipe}, take {take}, rooms {go}"
+    return label + (", " + "/".join(_FLAGS[flag] for flag in flags) if flags else "")
 
 
 def check_split(split: str) -> str:

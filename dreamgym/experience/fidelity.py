@@ -18,8 +18,9 @@ how close the model comes on what it could know, and the ceiling of exact match 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -76,6 +77,7 @@ def _score(prediction: Prediction, row: dict, query: Query) -> dict:
     """One example's record: what was predicted against what the game did."""
     real = parse_state(row["next_state"])
     record = {
+        "task_id": row["task_id"],
         "trajectory_id": row["trajectory_id"],
         "step": row["step"],
         "action": row["action"],
@@ -195,8 +197,15 @@ class FidelityReport:
 
 
 def evaluate(
-    model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_size: int = 32, progress: bool = False
+    model: ExperienceModel,
+    rows: Sequence[dict],
+    horizon: int,
+    batch_size: int = 32,
+    progress: bool = False,
+    setting_of: Callable[[str], str] | None = None,
 ) -> FidelityReport:
+    """The fidelity report of `model` on the real transitions `rows`; with `setting_of` (a task
+    id's setting, e.g. the game's generation settings) the scores of each setting too."""
     records = single_step(model, rows, batch_size, progress)
     n = len(records)
     if not n:
@@ -209,7 +218,36 @@ def evaluate(
         "foreseeable": _scores([r for r in records if r["foreseeable"]]),
         "multi_step": open_loop(model, rows, horizon, batch_size, progress) if horizon else [],
     }
+    if setting_of is not None:
+        summary["by_setting"] = by_setting(records, setting_of)
     return FidelityReport(summary=summary, records=records)
+
+
+def by_setting(records: Sequence[dict], setting_of: Callable[[str], str]) -> dict[str, dict]:
+    """The scores of each setting's records (and its number of games), settings in natural order
+    (rooms 6 before rooms 12)."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        groups[setting_of(record["task_id"])].append(record)
+    natural = lambda label: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]  # noqa: E731
+    return {
+        label: {"games": len({r["task_id"] for r in groups[label]}), **_scores(groups[label])}
+        for label in sorted(groups, key=natural)
+    }
+
+
+def setting_table(by_setting: dict[str, dict]) -> str:
+    """`by_setting` as a Markdown table."""
+    lines = [
+        "| setting | games | transitions | next state exact | reward | done | parse failures |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, scores in by_setting.items():
+        lines.append(
+            f"| {label} | {scores['games']} | {scores['transitions']} | {scores['next_state_exact_match']:.1%} | "
+            f"{scores['reward_accuracy']:.1%} | {scores['done_accuracy']:.1%} | {scores['parse_failure_rate']:.1%} |"
+        )
+    return "\n".join(lines)
 
 
 def _mean(records: Sequence[dict], key: str) -> float:

@@ -6,7 +6,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from dreamgym.experience.fidelity import FIELDS, FidelityReport
+from dreamgym.experience.fidelity import FIELDS, FidelityReport, setting_table
 from dreamgym.plots import new_figure, save_figure
 
 
@@ -50,6 +50,10 @@ def log_fidelity(report: FidelityReport, prefix: str = "fidelity_") -> dict:
         summary_path = Path(scratch) / f"{prefix}summary.json"
         summary_path.write_text(json.dumps(report.summary, indent=2))
         mlflow.log_artifact(str(summary_path), artifact_path="experience")
+        if "by_setting" in report.summary:
+            table_path = Path(scratch) / f"{prefix}by_setting.md"
+            table_path.write_text(setting_table(report.summary["by_setting"]) + "\n")
+            mlflow.log_artifact(str(table_path), artifact_path="experience")
         if report.summary["multi_step"]:
             mlflow.log_artifact(
                 str(plot_open_loop(report.summary["multi_step"], Path(scratch) / f"{prefix}open_loop.png")),
