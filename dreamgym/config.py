@@ -362,7 +362,7 @@ class ExperienceConfig:
             part="backend",
         ),
     ] = 3
-    eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0, part="evaluation")] = 20
+    eval_games: Annotated[int, _help("Held-out games to measure fidelity on (0: all).", ge=0, part="evaluation")] = 0
     multi_step: Annotated[
         int, _help("Open-loop steps replayed through the model per episode.", ge=0, part="evaluation")
     ] = 10
