@@ -206,6 +206,14 @@ class ExperienceConfig:
             part="prompt",
         ),
     ] = 1
+    ranking_off: Annotated[
+        tuple[str, ...],
+        _help(
+            "Ranking keys switched off, to measure what each adds (experience/rerank.py RANKING_KEYS: "
+            "action, change_fits, task_relation, acted_items, open_closed, kind, shared_items).",
+            part="prompt",
+        ),
+    ] = ()
     retrieval_pool: Annotated[
         int,
         _help(
@@ -379,6 +387,13 @@ class ExperienceConfig:
             )
         if self.hidden_size % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
+        from dreamgym.experience.rerank import RANKING_KEYS  # the ranking owns its key names
+
+        unknown = sorted(set(self.ranking_off) - set(RANKING_KEYS))
+        if unknown:
+            raise ValueError(
+                f"ranking_off names no ranking key: {', '.join(unknown)}; use some of {', '.join(RANKING_KEYS)}"
+            )
         if 0 < self.retrieval_pool < self.neighbours:
             raise ValueError(
                 f"retrieval_pool ({self.retrieval_pool}) is smaller than neighbours "

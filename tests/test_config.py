@@ -18,6 +18,7 @@ def test_params_yaml_is_valid_and_matches_the_defaults():
         ({"collect.epsillon": 0.1}, "unknown key 'collect.epsillon'; remove it or check its spelling"),
         ({"env.max_steps": "many"}, "env.max_steps = 'many': Input should be a valid integer"),
         ({"validation.reward_min": 20}, "reward_min (20.0) is above reward_max (10.0): swap them"),
+        ({"experience.ranking_off": ["kinds"]}, "ranking_off names no ranking key: kinds; use some of action,"),
         # An older params.yaml: what to rename or delete, not "check its spelling".
         (
             {"experience.constrain_removals": False},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dreamgym.experience.rerank import Situation, closeness, closest, situation, task_relation
+from dreamgym.experience.rerank import RANKING_KEYS, Situation, closeness, closest, situation, task_relation
 from dreamgym.state import AbstractState, item_name
 
 KEPT = frozenset({"counter", "fridge", "knife", "table"})
@@ -54,6 +54,10 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     assert closest(query, candidates, 5) == [2, 3, 1, 0, 4]
     everything = sorted(range(5), key=lambda i: closeness(query, candidates[i]), reverse=True)
     assert all(closest(query, candidates, k) == everything[:k] for k in range(1, 6))
+    # A key switched off counts the same for every candidate: the next one decides.
+    assert closest(query, candidates, 2, off=frozenset({"action"})) == [0, 4]  # the most items in common
+    assert closest(query, candidates, 3, off=frozenset({"shared_items"})) == [1, 2, 3]  # the given order
+    assert closeness(query, candidates[0], off=frozenset(RANKING_KEYS)) == (False,) * 6 + (0.0,)
     empty = Situation("look", frozenset())
     assert closeness(empty, empty) == (True, False, True, True, True, True, 1.0)
 

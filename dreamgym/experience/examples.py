@@ -93,6 +93,7 @@ def neighbours(
     synthetic: bool = False,
     pool: int = 0,
     kept: frozenset[str] | None = None,
+    ranking_off: Sequence[str] = (),
 ) -> list[list[dict]]:
     """The k most similar distinct transitions of each query, in one search for all of them, each
     with its task's `instruction`.
@@ -104,8 +105,8 @@ def neighbours(
     first did not, and costs prompt length. Only real transitions are returned unless `synthetic`
     (then DreamEnv's written-back ones too). With `pool`, that many candidates are fetched and the
     k closest in situation kept (rerank.py; `kept`: the model's kept names, None without
-    placeholders); with 0, the k nearest by embedding. With k == 0 nothing is retrieved and
-    neither the database nor the encoder is needed.
+    placeholders; `ranking_off`: ranking keys switched off); with 0, the k nearest by embedding.
+    With k == 0 nothing is retrieved and neither the database nor the encoder is needed.
     """
     if k == 0 or not queries:
         return [[] for _ in queries]
@@ -132,13 +133,21 @@ def neighbours(
     chosen = (
         [transitions[:k] for transitions in candidates]
         if not pool
-        else [_closest(query, transitions, k, kept, tasks) for query, transitions in zip(queries, candidates)]
+        else [
+            _closest(query, transitions, k, kept, tasks, frozenset(ranking_off))
+            for query, transitions in zip(queries, candidates)
+        ]
     )
     return [[row | {"instruction": tasks.get(row["task_id"])} for row in rows] for rows in chosen]
 
 
 def _closest(
-    query: dict, transitions: list[dict], k: int, kept: frozenset[str] | None, tasks: dict[str, str]
+    query: dict,
+    transitions: list[dict],
+    k: int,
+    kept: frozenset[str] | None,
+    tasks: dict[str, str],
+    off: frozenset[str],
 ) -> list[dict]:
     state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
     chosen = closest(
@@ -146,6 +155,7 @@ def _closest(
         [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"])) for t in transitions],
         k,
         [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions],
+        off,
     )
     return [transitions[index] for index in chosen]
 
@@ -235,6 +245,7 @@ def build_examples(
                 synthetic=config.synthetic_neighbours,
                 pool=config.retrieval_pool,
                 kept=kept,
+                ranking_off=config.ranking_off,
             )
             for offset, transitions in enumerate(found):
                 examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))

@@ -114,6 +114,7 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     # A model saved before placeholders existed was trained without them.
     trained.setdefault("placeholders", False)
     trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
+    trained.setdefault("ranking_off", [])  # every ranking key on
     trained.setdefault("copy_examples", False)  # and wrote every change out
     trained.setdefault("annotator", "state-diff")  # the only one there was
     trained.setdefault("annotator_url", "")
@@ -167,6 +168,7 @@ class ExperienceModel:
             synthetic=self.config.synthetic_neighbours,
             pool=self.config.retrieval_pool,
             kept=self.kept_names,
+            ranking_off=self.config.ranking_off,
         )
 
     def framed(self, queries: Sequence[Query]) -> list[tuple[str, Query, Placeholders]]:

@@ -69,6 +69,8 @@ from dreamgym.state import AbstractState, item_name, parse_state
 # Bumped whenever the ranking changes which examples are shown: built examples keyed on it are
 # then built again instead of reused.
 RANKING_VERSION = 5
+# The ranking's keys, most decisive first (`closeness`); experience.ranking_off switches keys off.
+RANKING_KEYS = ("action", "change_fits", "task_relation", "acted_items", "open_closed", "kind", "shared_items")
 _OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
 
 
@@ -149,31 +151,39 @@ def stored_change(state_text: str, next_state_text: str, action: str, kept: froz
 
 
 def closeness(
-    query: Situation, candidate: Situation, change: str | None = None
+    query: Situation, candidate: Situation, change: str | None = None, off: frozenset[str] = frozenset()
 ) -> tuple[bool, bool, bool, bool, bool, bool, float]:
-    """Larger is closer: the same action, then whether the candidate's `change` can be applied
-    to the query's state, then the same relation to the task, then the same items named by the
-    action, then whether what the change's actions name is open or closed alike on both sides,
-    then the same kinds of items acted on, then the share of state items in common."""
+    """Larger is closer, by the `RANKING_KEYS` in order: the same action, then whether the
+    candidate's `change` can be applied to the query's state, then the same relation to the task,
+    then the same items named by the action, then whether what the change's actions name is open
+    or closed alike on both sides, then the same kinds of items acted on, then the share of state
+    items in common. A key in `off` counts the same for every candidate."""
     same_action = query.action == candidate.action
-    applies = same_action and change is not None and query.state is not None and fits(query.state, change)
-    opened_alike = (
+    fitting = same_action and change is not None and query.state is not None and fits(query.state, change)
+    return (
+        "action" not in off and same_action,
+        "change_fits" not in off and fitting,
+        "task_relation" not in off and query.relation == candidate.relation,
+        "acted_items" not in off and query.acted == candidate.acted,
+        "open_closed" not in off and _opened_alike(query, candidate, change),
+        "kind" not in off and query.kinds == candidate.kinds,
+        _shared(query, candidate) if "shared_items" not in off else 0.0,
+    )
+
+
+def _opened_alike(query: Situation, candidate: Situation, change: str | None) -> bool:
+    return (
         change is None
         or query.state is None
         or candidate.state is None
         or _opened(query.state, change) == _opened(candidate.state, change)
     )
+
+
+def _shared(query: Situation, candidate: Situation) -> float:
+    """The Jaccard index of the two situations' state items."""
     union = len(query.items | candidate.items)
-    shared = len(query.items & candidate.items) / union if union else 1.0
-    return (
-        same_action,
-        applies,
-        query.relation == candidate.relation,
-        query.acted == candidate.acted,
-        opened_alike,
-        query.kinds == candidate.kinds,
-        shared,
-    )
+    return len(query.items & candidate.items) / union if union else 1.0
 
 
 def _opened(state: AbstractState, change: str) -> dict[str, str]:
@@ -187,15 +197,19 @@ def _opened(state: AbstractState, change: str) -> dict[str, str]:
 
 
 def closest(
-    query: Situation, candidates: Sequence[Situation], k: int, changes: Sequence[str] | None = None
+    query: Situation,
+    candidates: Sequence[Situation],
+    k: int,
+    changes: Sequence[str] | None = None,
+    off: frozenset[str] = frozenset(),
 ) -> list[int]:
-    """The indices of the k candidates closest to `query` (`changes`: the candidates' changes);
-    ties keep the candidates' order."""
+    """The indices of the k candidates closest to `query` (`changes`: the candidates' changes;
+    `off`: ranking keys switched off); ties keep the candidates' order."""
     changes = changes if changes is not None else [None] * len(candidates)
     same_action = [i for i, candidate in enumerate(candidates) if candidate.action == query.action]
     # The same action comes first: when k candidates have it, the others need not be scored.
-    scored = same_action if len(same_action) >= k else range(len(candidates))
+    scored = same_action if len(same_action) >= k and "action" not in off else range(len(candidates))
     ranked = sorted(
-        scored, key=lambda i: closeness(query, candidates[i], changes[i]), reverse=True
+        scored, key=lambda i: closeness(query, candidates[i], changes[i], off), reverse=True
     )  # a stable sort, reversed or not
     return ranked[:k]
