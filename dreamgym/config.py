@@ -206,6 +206,14 @@ class ExperienceConfig:
             part="prompt",
         ),
     ] = 1
+    domain: Annotated[
+        Literal["textworld-cooking", "none"],
+        _help(
+            "The environment's rules that retrieval ranks by (experience/domain.py): 'textworld-cooking' "
+            "(experience/cooking.py), or 'none' for an environment without its own yet.",
+            part="prompt",
+        ),
+    ] = "textworld-cooking"
     ranking_off: Annotated[
         tuple[str, ...],
         _help(

@@ -26,6 +26,7 @@ from dreamgym.experience.annotate import (
     make_annotator,
     stated_outcome,
 )
+from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FormatError,
@@ -472,14 +473,14 @@ def test_reranking_shows_the_same_situation_first_and_more_exact_answers(filled,
     for row, query, hits, pool in zip(rows, queries, reranked, pools):
         assert len(hits) == 3 and all(hit["trajectory_id"] != row["trajectory_id"] for hit in hits)
         # A step seen in another episode (or the same situation elsewhere) comes first.
-        own = situation(query["state"], row["action"], kept, row["instruction"])
+        own = situation(query["state"], row["action"], kept, row["instruction"], TextWorldCooking())
         same = [
             t
             for t in pool
             if closest_possible(
                 closeness(
                     own,
-                    stored_situation(t["state"], t["action"], kept, t["instruction"]),
+                    stored_situation(t["state"], t["action"], kept, t["instruction"], TextWorldCooking()),
                     stored_change(t["state"], t["next_state"], t["action"], kept),
                 )
             )

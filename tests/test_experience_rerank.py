@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dreamgym.experience.rerank import RANKING_KEYS, Situation, closeness, closest, situation, task_relation
+from dreamgym.experience import rerank
+from dreamgym.experience.cooking import TextWorldCooking
+from dreamgym.experience.rerank import RANKING_KEYS, Situation, closeness, closest
 from dreamgym.state import AbstractState, item_name
+
+COOKING = TextWorldCooking()  # the rules these tests are about
+task_relation = COOKING.task_relation
+
+
+def situation(state, action: str, kept, instruction: str | None = None) -> Situation:
+    return rerank.situation(state, action, kept, instruction, COOKING)
+
 
 KEPT = frozenset({"counter", "fridge", "knife", "table"})
 

@@ -35,6 +35,7 @@ from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_i
 from dreamgym.config import ExperienceConfig
 from dreamgym.envs.dynamics import Step
 from dreamgym.experience.annotate import Annotator, describe_change
+from dreamgym.experience.domain import NO_RULES, Domain, named_domain
 from dreamgym.experience.format import (
     Worked,
     format_completion,
@@ -94,6 +95,7 @@ def neighbours(
     pool: int = 0,
     kept: frozenset[str] | None = None,
     ranking_off: Sequence[str] = (),
+    domain: Domain = NO_RULES,
 ) -> list[list[dict]]:
     """The k most similar distinct transitions of each query, in one search for all of them, each
     with its task's `instruction`.
@@ -105,7 +107,8 @@ def neighbours(
     first did not, and costs prompt length. Only real transitions are returned unless `synthetic`
     (then DreamEnv's written-back ones too). With `pool`, that many candidates are fetched and the
     k closest in situation kept (rerank.py; `kept`: the model's kept names, None without
-    placeholders; `ranking_off`: ranking keys switched off); with 0, the k nearest by embedding.
+    placeholders; `ranking_off`: ranking keys switched off; `domain`: the environment's rules);
+    with 0, the k nearest by embedding.
     With k == 0 nothing is retrieved and neither the database nor the encoder is needed.
     """
     if k == 0 or not queries:
@@ -134,7 +137,7 @@ def neighbours(
         [transitions[:k] for transitions in candidates]
         if not pool
         else [
-            _closest(query, transitions, k, kept, tasks, frozenset(ranking_off))
+            _closest(query, transitions, k, kept, tasks, frozenset(ranking_off), domain)
             for query, transitions in zip(queries, candidates)
         ]
     )
@@ -148,11 +151,12 @@ def _closest(
     kept: frozenset[str] | None,
     tasks: dict[str, str],
     off: frozenset[str],
+    domain: Domain,
 ) -> list[dict]:
     state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
     chosen = closest(
-        situation(state, query["action"], kept, query["instruction"]),
-        [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"])) for t in transitions],
+        situation(state, query["action"], kept, query["instruction"], domain),
+        [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"]), domain) for t in transitions],
         k,
         [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions],
         off,
@@ -246,6 +250,7 @@ def build_examples(
                 pool=config.retrieval_pool,
                 kept=kept,
                 ranking_off=config.ranking_off,
+                domain=named_domain(config.domain),
             )
             for offset, transitions in enumerate(found):
                 examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))

@@ -30,6 +30,7 @@ from dreamgym.config import ExperienceConfig, PipelineConfig, config_part
 from dreamgym.envs.dynamics import Prediction, Query, Step
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
+from dreamgym.experience.domain import named_domain
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FORMAT_VERSION,
@@ -115,6 +116,7 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     trained.setdefault("placeholders", False)
     trained.setdefault("retrieval_pool", 0)  # and saw neighbours in the embedding's order
     trained.setdefault("ranking_off", [])  # every ranking key on
+    trained.setdefault("domain", "textworld-cooking")  # the only rules there were
     trained.setdefault("copy_examples", False)  # and wrote every change out
     trained.setdefault("annotator", "state-diff")  # the only one there was
     trained.setdefault("annotator_url", "")
@@ -147,6 +149,7 @@ class ExperienceModel:
                 "give the kept names it was trained with (trained_kept_names(model_dir))"
             )
         self.kept_names = kept_names if config.placeholders else None
+        self.domain = named_domain(config.domain)
         self.model = model.eval() if model is not None else None  # None: a remote model
         self.tokenizer, self.config = tokenizer, config
         self.database, self.encoder, self.ef_search, self.seed = database, encoder, ef_search, seed
@@ -169,6 +172,7 @@ class ExperienceModel:
             pool=self.config.retrieval_pool,
             kept=self.kept_names,
             ranking_off=self.config.ranking_off,
+            domain=self.domain,
         )
 
     def framed(self, queries: Sequence[Query]) -> list[tuple[str, Query, Placeholders]]:

@@ -33,7 +33,7 @@ The reward and the end are decided by how the move stands to the task: taking an
 taking anything else does not; slicing what the recipe says to chop loses the game. A candidate
 showing the same move on the same items can stand otherwise to its own task, and the model copied
 its +1 into a lost game. So, among candidates whose change fits, those in the same relation to
-their task (`task_relation`) come first.
+their task (the domain's `task_relation`) come first.
 
 Since changes are edits that mean the same in another state (removals by name, lists replaced only
 on a move: format.py), the first example's change, applied to the query's state, gives the real
@@ -46,23 +46,28 @@ the first example gives the real next state for 75.8% of held-out queries (74.9%
 300 training queries (74.0%); the reward and done it shows are as right as before. The same rule
 for every item a change names did worse (71.2%).
 
-Then the kind of the items acted on (`kinds_acted_on`, from the real names, which retrieval sees
+Then the kind of the items acted on (the domain's `kinds`, from the real names, which retrieval sees
 and the model does not): `+eat obj1` comes with taking a tomato, not a potato. The first example's
 change is the answer for 75.8% → 77.2% of held-out queries (its reward 98.1% → 97.7%, its end 99.1%
 → 98.6%: one step each), 75.0% → 75.0% of training queries (whose candidates come from other
 episodes of the same game and so are mostly of the same kind already), and 65.8% → 68.4% of
 the 269 of held-out games 21–40 (reward 94.8% → 96.3%, end 96.7% → 98.5%; a slice looked at
 before this rule was kept).
+
+The three rules that know the environment (relation to the task, kinds, open or closed things)
+are a `Domain`'s (experience/domain.py; TextWorld cooking's are experience/cooking.py); the rest
+hold in any text environment. `RANKING_KEYS` names every key; `experience.ranking_off` switches
+any of them off.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dreamgym.experience.format import LIST_FIELDS, acted_object, fits, state_delta, task_mentions, whole_word
+from dreamgym.experience.domain import NO_RULES, Domain
+from dreamgym.experience.format import LIST_FIELDS, fits, state_delta, whole_word
 from dreamgym.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state
 
@@ -71,7 +76,6 @@ from dreamgym.state import AbstractState, item_name, parse_state
 RANKING_VERSION = 5
 # The ranking's keys, most decisive first (`closeness`); experience.ranking_off switches keys off.
 RANKING_KEYS = ("action", "change_fits", "task_relation", "acted_items", "open_closed", "kind", "shared_items")
-_OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
 
 
 @dataclass(frozen=True)
@@ -83,41 +87,18 @@ class Situation:
     items: frozenset[str]
     acted: frozenset[str] = frozenset()  # the visible or carried items the action names
     state: AbstractState | None = None  # the state itself, which a candidate's change must fit
-    relation: tuple[bool, frozenset[str]] | None = None  # to the task (task_relation)
-    kinds: frozenset[str] = frozenset()  # what the items the action names are (`kinds_acted_on`)
-
-
-def task_relation(instruction: str | None, state: AbstractState, action: str) -> tuple[bool, frozenset[str]] | None:
-    """How `action` stands to its task: whether the task names the item acted on, and which of
-    the action's other words the task's clauses on that item use (`slice` where the recipe says
-    to slice it). None for an action on no item, or no task known."""
-    name = acted_object(state, action) if instruction else None
-    if name is None:
-        return None
-    said = "; ".join(task_mentions(instruction, name))
-    others = set(action.split()) - set(name.split())
-    return bool(said), frozenset(word for word in others if whole_word(word).search(said))
-
-
-def kinds_acted_on(state: AbstractState, action: str) -> frozenset[str]:
-    """The kinds of the visible or carried items `action` names, by the last word of their real
-    names: `potato` for a purple potato, `pepper` for an orange bell pepper. A placeholder hides
-    what the model cannot be told of a held-out food; whether it is edible raw, for one, goes with
-    its kind."""
-    return frozenset(
-        item_name(item).split()[-1]
-        for item in state.visible + state.inventory
-        if whole_word(item_name(item)).search(action)
-    )
+    relation: Hashable | None = None  # to the task (the domain's `task_relation`)
+    kinds: frozenset[str] = frozenset()  # what the items the action names are (the domain's `kinds`)
+    domain: Domain = NO_RULES  # whose rules made it, and compare open or closed things
 
 
 def situation(
-    state: AbstractState, action: str, kept: frozenset[str] | None, instruction: str | None = None
+    state: AbstractState, action: str, kept: frozenset[str] | None, instruction: str | None, domain: Domain
 ) -> Situation:
-    """The situation of taking `action` in `state` for the task `instruction` (None: unknown);
-    `kept`: the model's kept names (None: no placeholders)."""
-    relation = task_relation(instruction, state, action)
-    kinds = kinds_acted_on(state, action)
+    """The situation of taking `action` in `state` for the task `instruction` (None: unknown) by
+    the rules of `domain`; `kept`: the model's kept names (None: no placeholders)."""
+    relation = domain.task_relation(instruction, state, action)
+    kinds = domain.kinds(state, action)
     if kept is not None:
         names = Placeholders.of(kept, action, [state])
         state, action = names.forward.abstract(state), names.forward.text(action)
@@ -130,15 +111,15 @@ def situation(
         for item in getattr(state, name)
         if whole_word(item_name(item)).search(action)
     }
-    return Situation(action, frozenset(items), frozenset(acted), state, relation, kinds)
+    return Situation(action, frozenset(items), frozenset(acted), state, relation, kinds, domain)
 
 
 @lru_cache(maxsize=8192)  # ~5 kB each: a default buffer's real rows, within ~40 MB
 def stored_situation(
-    state_text: str, action: str, kept: frozenset[str] | None, instruction: str | None = None
+    state_text: str, action: str, kept: frozenset[str] | None, instruction: str | None, domain: Domain
 ) -> Situation:
     """The situation of a buffer row: the same few thousand rows come back for query after query."""
-    return situation(parse_state(state_text), action, kept, instruction)
+    return situation(parse_state(state_text), action, kept, instruction, domain)
 
 
 @lru_cache(maxsize=8192)
@@ -176,7 +157,7 @@ def _opened_alike(query: Situation, candidate: Situation, change: str | None) ->
         change is None
         or query.state is None
         or candidate.state is None
-        or _opened(query.state, change) == _opened(candidate.state, change)
+        or query.domain.statuses(query.state, change) == query.domain.statuses(candidate.state, change)
     )
 
 
@@ -184,16 +165,6 @@ def _shared(query: Situation, candidate: Situation) -> float:
     """The Jaccard index of the two situations' state items."""
     union = len(query.items | candidate.items)
     return len(query.items & candidate.items) / union if union else 1.0
-
-
-def _opened(state: AbstractState, change: str) -> dict[str, str]:
-    """Whether each visible thing that `change`'s available actions name is open or closed."""
-    actions = " ".join(line for line in change.split("\n") if line.startswith("actions"))
-    return {
-        item_name(item): found[1]
-        for item in state.visible
-        if (found := _OPEN_OR_CLOSED.search(item)) and whole_word(item_name(item)).search(actions)
-    }
 
 
 def closest(

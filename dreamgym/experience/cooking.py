@@ -1,0 +1,58 @@
+"""TextWorld cooking's rules for the experience model's retrieval (the `Domain` of
+experience/domain.py): measured in experience/rerank.py's history and benchmarks/results/.
+
+- How an action stands to its task: whether the recipe names the item acted on, and which of the
+  action's other words its clauses on that item use (`slice` where the recipe says to slice it).
+  Taking an ingredient scores, taking anything else does not; slicing what the recipe says to chop
+  loses the game.
+- The kind of an item is the last word of its real name (`potato` for a purple potato): whether a
+  food is edible raw goes with its kind, which a placeholder hides.
+- Containers and doors are open or closed: `+insert knife into fridge` among the available actions
+  comes with taking the knife only where the fridge is open.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dreamgym.experience.format import acted_object, task_mentions, whole_word
+from dreamgym.state import AbstractState, item_name
+
+_OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
+
+
+@dataclass(frozen=True)
+class TextWorldCooking:
+    """The recipe, food kinds, and open or closed things of tw-cooking games."""
+
+    def task_relation(
+        self, instruction: str | None, state: AbstractState, action: str
+    ) -> tuple[bool, frozenset[str]] | None:
+        """Whether the task names the item acted on, and which of the action's other words the
+        task's clauses on that item use. None for an action on no item, or no task known."""
+        name = acted_object(state, action) if instruction else None
+        if name is None:
+            return None
+        said = "; ".join(task_mentions(instruction, name))
+        others = set(action.split()) - set(name.split())
+        return bool(said), frozenset(word for word in others if whole_word(word).search(said))
+
+    def kinds(self, state: AbstractState, action: str) -> frozenset[str]:
+        """The last words of the real names of the visible or carried items `action` names:
+        `potato` for a purple potato, `pepper` for an orange bell pepper."""
+        return frozenset(
+            item_name(item).split()[-1]
+            for item in state.visible + state.inventory
+            if whole_word(item_name(item)).search(action)
+        )
+
+    def statuses(self, state: AbstractState, change: str) -> Mapping[str, str]:
+        """Whether each visible thing that `change`'s available actions name is open or closed."""
+        actions = " ".join(line for line in change.split("\n") if line.startswith("actions"))
+        return {
+            item_name(item): found[1]
+            for item in state.visible
+            if (found := _OPEN_OR_CLOSED.search(item)) and whole_word(item_name(item)).search(actions)
+        }

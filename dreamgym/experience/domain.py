@@ -1,0 +1,66 @@
+"""The seam between the experience model's generic code and one environment's rules.
+
+Retrieval ranks a query's candidate neighbours (rerank.py) by keys that hold in any text
+environment — the same action, a change that fits the state, the same items acted on, the share of
+state items — and by three that need to know the environment: how an action stands to its task,
+what kind of thing it acts on, and which statuses of the things a change names decide whether it
+happens. A `Domain` answers those three. `NoRules` answers none (those keys then tie and the
+generic ones decide): where a new environment starts. TextWorld cooking's answers are
+`experience/cooking.py`; `experience.domain` names the one a model is built and used with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from dreamgym.state import AbstractState
+
+
+class Domain(Protocol):
+    """An environment's rules for ranking worked examples. Implementations are frozen dataclasses
+    (hashable: ranked rows are cached per domain)."""
+
+    def task_relation(self, instruction: str | None, state: AbstractState, action: str) -> Hashable | None:
+        """How `action` in `state` stands to the task `instruction` (None: unknown task); two steps
+        in the same relation tend to score alike."""
+        ...
+
+    def kinds(self, state: AbstractState, action: str) -> frozenset[str]:
+        """What kinds of thing the items `action` names are, from their real names (placeholders
+        hide them from the model, not from retrieval)."""
+        ...
+
+    def statuses(self, state: AbstractState, change: str) -> Mapping[str, str]:
+        """The status in `state` (e.g. open or closed) of each thing that the available actions of
+        `change` (a state delta) name: a change carries over only where these are alike."""
+        ...
+
+
+@dataclass(frozen=True)
+class NoRules:
+    """A domain that knows nothing of its environment: only the generic keys rank."""
+
+    def task_relation(self, instruction: str | None, state: AbstractState, action: str) -> Hashable | None:
+        return None
+
+    def kinds(self, state: AbstractState, action: str) -> frozenset[str]:
+        return frozenset()
+
+    def statuses(self, state: AbstractState, change: str) -> Mapping[str, str]:
+        return {}
+
+
+NO_RULES = NoRules()
+
+
+def named_domain(name: str) -> Domain:
+    """The domain `experience.domain` names: 'textworld-cooking' or 'none' (`NoRules`)."""
+    if name == "none":
+        return NO_RULES
+    if name == "textworld-cooking":
+        from dreamgym.experience.cooking import TextWorldCooking  # the one place that names an environment's rules
+
+        return TextWorldCooking()
+    raise ValueError(f"experience.domain = {name!r} names no domain: use 'textworld-cooking' or 'none'")

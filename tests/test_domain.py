@@ -1,0 +1,73 @@
+"""The domain seam: a second, toy environment's rules drive the generic ranking and format code,
+and the configured model uses TextWorld cooking's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, replace
+
+import pytest
+
+from dreamgym.config import ExperienceConfig
+from dreamgym.experience.cooking import TextWorldCooking
+from dreamgym.experience.domain import NO_RULES, Domain, named_domain
+from dreamgym.experience.format import apply_delta, fits, state_delta
+from dreamgym.experience.generate import ExperienceModel
+from dreamgym.experience.rerank import closest, situation
+from dreamgym.state import AbstractState, item_name
+
+_LIT = re.compile(r"\((lit|unlit)\)")
+
+
+@dataclass(frozen=True)
+class Lamps:
+    """A toy environment of lamps and bulbs: a bulb comes out only of an unlit lamp."""
+
+    def task_relation(self, instruction: str | None, state: AbstractState, action: str) -> Hashable | None:
+        return None if instruction is None else "bulb" in action and "bulb" in instruction
+
+    def kinds(self, state: AbstractState, action: str) -> frozenset[str]:
+        return frozenset(item_name(item).split()[0] for item in state.visible if item_name(item) in action)
+
+    def statuses(self, state: AbstractState, change: str) -> Mapping[str, str]:
+        named = " ".join(line for line in change.split("\n") if line.startswith("actions"))
+        return {
+            item_name(item): found[1]
+            for item in state.visible
+            if (found := _LIT.search(item)) and item_name(item) in named
+        }
+
+
+def hall(*visible: str, carried: tuple[str, ...] = ()) -> AbstractState:
+    actions = ("put bulb in lamp", "switch lamp") if carried else ("switch lamp", "take bulb from shelf")
+    return AbstractState("hall", visible, carried, actions)
+
+
+def test_a_toy_domains_rules_decide_the_ranking_the_generic_code_does():
+    action, task = "take bulb from shelf", "Put a bulb in the lamp."
+    query_state = hall("lamp (unlit)", "shelf")
+    # Two past steps of the same move: by a lit lamp (listed first, and sharing more items with the
+    # query) and by an unlit one. Their change is the same, and names the lamp in the actions it adds.
+    lit, unlit = hall("lamp (lit)", "shelf"), hall("chair", "lamp (unlit)", "rug", "shelf", "table")
+    changes = [state_delta(state, hall(*state.visible, carried=("bulb",))) for state in (lit, unlit)]
+    assert changes[0] == changes[1] and fits(query_state, changes[0])  # only the domain tells them apart
+
+    def ranked(domain: Domain) -> list[int]:
+        query = situation(query_state, action, None, task, domain)
+        candidates = [situation(state, action, None, task, domain) for state in (lit, unlit)]
+        return closest(query, candidates, 2, changes)
+
+    assert ranked(NO_RULES) == [0, 1]  # the generic keys: the share of items in common
+    assert ranked(Lamps()) == [1, 0]  # the toy rule: a lamp unlit like the query's
+    # The generic format carries the chosen change to the query's state.
+    assert apply_delta(query_state, changes[1]) == hall("lamp (unlit)", "shelf", carried=("bulb",))
+
+
+def test_the_configured_domain_is_textworld_cooking_and_a_bad_name_is_refused():
+    assert named_domain(ExperienceConfig().domain) == TextWorldCooking()
+    plain = ExperienceConfig(neighbours=0, placeholders=False)
+    assert ExperienceModel(None, None, plain).domain == TextWorldCooking()
+    assert ExperienceModel(None, None, replace(plain, domain="none")).domain is NO_RULES
+    with pytest.raises(ValueError, match="names no domain: use 'textworld-cooking' or 'none'"):
+        named_domain("lamps")
