@@ -485,6 +485,15 @@ class PolicyConfig:
             part="prompt",
         ),
     ] = True
+    avoid_repeats: Annotated[
+        bool,
+        _help(
+            "Leave out of the candidates an action the episode already took from the very same state "
+            "(the games are deterministic: it leads where it led before, and a greedy policy would loop); "
+            "in training and acting alike (dreamgym/policy/view.py).",
+            part="prompt",
+        ),
+    ] = True
     # Model (the same fields as the experience model's, for the same trainer)
     model: Annotated[
         str,

@@ -343,6 +343,28 @@ def test_a_policy_with_placeholders_acts_on_real_actions_and_saves_its_kept_name
         load_policy(path)
 
 
+def test_an_action_already_taken_from_the_same_state_is_no_candidate_again(model, tokenizer):
+    """Two rooms and a greedy policy: back in the kitchen it must not go north again (it would loop)."""
+    past_states, past_actions = [KITCHEN, HALL], ["go north", "go south"]
+    view = policy_input("eat the apple", past_actions, KITCHEN, 2, None, past_states=past_states)
+    assert view.candidates == ("eat apple", "take apple")
+    # only from the very same state: in the hall, "go south" was taken from the hall and is left out,
+    # "go north" (taken from the kitchen) would not be
+    assert "go south" not in policy_input("x", past_actions, HALL, 2, None, past_states=past_states).candidates
+    # when every action was tried, those tried least often are left; without past states, all
+    everything = ["eat apple", "go north", "take apple"]
+    assert policy_input("x", everything, KITCHEN, 2, None, past_states=[KITCHEN] * 3).candidates == tuple(everything)
+    again = [*everything, "go north", "eat apple"]
+    assert policy_input("x", again, KITCHEN, 2, None, past_states=[KITCHEN] * 5).candidates == ("take apple",)
+    assert policy_input("x", past_actions, KITCHEN, 2, None).candidates == tuple(everything)
+    for avoid in (True, False):
+        policy = make_policy(model, tokenizer, avoid_repeats=avoid)
+        [decision] = policy.act(
+            [Observation("eat the apple", tuple(past_actions), KITCHEN, tuple(past_states))], greedy=True
+        )
+        assert ("go north" in decision.candidates) is not avoid
+
+
 # --- behaviour cloning examples -----------------------------------------------------------------
 
 
@@ -429,6 +451,23 @@ def test_bc_examples_imitate_the_expert_at_every_step_of_every_labelled_episode(
     # one unlabelled step: the episode falls back to the old rule (its actions, only if won)
     rows[1] = _row("t1", 1, "eat apple", False)
     assert [e["completion"] for e in bc_examples(rows, CONFIG)] == [" take apple", " take apple"]
+
+
+def test_bc_examples_leave_out_what_the_episode_already_tried_from_the_state():
+    """The noisy expert went north from room A, came back to A and went north again: the second
+    visit's candidates lack "go north", and a step whose label was already tried there is no example
+    (acting could never choose it)."""
+    rows = [
+        {**_row("t", 0, "go north", False, expert_action="take apple"), "state": _state("a", 0)},
+        {**_row("t", 1, "go south", False, expert_action="go south"), "state": _state("b", 0)},
+        {**_row("t", 2, "take apple", False, expert_action="take apple"), "state": _state("a", 0)},
+        {**_row("t", 3, "go south", False, expert_action="go south"), "state": _state("b", 0)},
+    ]
+    examples = bc_examples(rows, CONFIG)
+    assert [e["completion"] for e in examples] == [" take apple", " go south", " take apple"]
+    assert "go north" in examples[0]["candidates"] and "go north" not in examples[2]["candidates"]
+    assert [e["candidates"][e["label"]] for e in examples] == ["take apple", "go south", "take apple"]
+    assert len(bc_examples(rows, dataclasses.replace(CONFIG, avoid_repeats=False))) == 4
 
 
 def test_bc_examples_of_no_won_real_episode_are_empty():

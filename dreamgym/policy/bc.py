@@ -78,16 +78,24 @@ def policy_kept_names(rows: Iterable[Mapping], config: PolicyConfig) -> frozense
 def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[str] | None = None) -> list[dict]:
     """One example per step to imitate (see the module docstring for which steps and labels):
     `prompt`, `completion` (the label as text), `candidates` (the available actions as scored)
-    and `label` (the label's index among them)."""
+    and `label` (the label's index among them). A step whose label the policy could not choose
+    (`policy.avoid_repeats`: the episode already took it from that state) is no example."""
     examples = []
     for episode in episodes(row for row in rows if row["source"] == "real"):
         relabel = labelled(episode)
         if not relabel and not won(episode):
             continue
         actions: list[str] = []
+        states: list[str] = []  # the state each of `actions` was taken from
         for row in episode:
             view = policy_input(
-                row["instruction"], actions, row["state"], config.history, kept, list_actions=config.mode == "generate"
+                row["instruction"],
+                actions,
+                row["state"],
+                config.history,
+                kept,
+                list_actions=config.mode == "generate",
+                past_states=states if config.avoid_repeats else None,
             )
             label = row["expert_action"] if relabel else row["action"]
             if label in view.actions:
@@ -100,6 +108,7 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
                     }
                 )
             actions.append(row["action"])
+            states.append(row["state"])
     return examples
 
 

@@ -53,11 +53,14 @@ def action_completion(action: str) -> str:
 
 @dataclass(frozen=True)
 class Observation:
-    """What the policy sees at one decision: the task, its recent actions, the abstract state."""
+    """What the policy sees at one decision: the task, the episode's actions so far, the abstract
+    state; and the state each of those actions was taken from (None: not known, so
+    `policy.avoid_repeats` cannot leave out what was tried here)."""
 
     instruction: str
     recent_actions: tuple[str, ...]
     state: str
+    past_states: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class Policy(nn.Module):
             self.config.history,
             self.kept_names,
             list_actions=self.config.mode == "generate",
+            past_states=observation.past_states if self.config.avoid_repeats else None,
         )
 
     @property
@@ -307,6 +311,7 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     model = model.to(device, dtype=torch.float32 if train else dtype)
     values = json.loads((path / SETTINGS_FILE).read_text()) if (path / SETTINGS_FILE).is_file() else {}
     values.setdefault("placeholders", False)  # saved before placeholders existed: real names
+    values.setdefault("avoid_repeats", False)  # saved before it existed: trained on every candidate
     settings = dataclasses.replace(config or PolicyConfig(), **values)
     kept = None
     if settings.placeholders:

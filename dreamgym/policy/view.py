@@ -17,12 +17,20 @@ data never showed included. The renaming is done per decision from what the stat
 environment, the data and the experience model keep the real names; the chosen action is mapped
 back to its real text by position.
 
-`policy_input` is the one place the prompt is made, for behaviour cloning and for acting alike, so
-that the two can never drift apart.
+With `avoid_repeats` on, the candidates are the actions the episode took least often from the very
+same state (so, while any is left, those it never took there): the games are deterministic, so an
+action taken again from the same state can only lead where it led before, and a greedy policy that
+meets a state twice would otherwise loop between two rooms until the step limit (a third of the
+held-out games the default BC lost, 2026-11-25). When every action was tried once, those tried once
+are next: the policy keeps exploring rather than settling into a cycle.
+
+`policy_input` is the one place the prompt and the candidates are made, for behaviour cloning and
+for acting alike, so that the two can never drift apart.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -86,6 +94,16 @@ class PolicyInput:
         return Renamer({placeholder: name for name, placeholder in self.mapping.items()}).text(text)
 
 
+def least_tried(
+    actions: Sequence[str], state: str, past_states: Sequence[str], past_actions: Sequence[str]
+) -> tuple[str, ...]:
+    """Those of `actions` that the episode took least often from this very `state`
+    (`past_actions[i]` was taken from `past_states[i]`): the untried ones while any is left."""
+    tried = Counter(action for before, action in zip(past_states, past_actions, strict=True) if before == state)
+    fewest = min(tried[action] for action in actions)
+    return tuple(action for action in actions if tried[action] == fewest)
+
+
 def policy_input(
     instruction: str,
     recent_actions: Sequence[str],
@@ -93,11 +111,16 @@ def policy_input(
     history: int,
     kept: frozenset[str] | None,
     list_actions: bool = True,
+    past_states: Sequence[str] | None = None,
 ) -> PolicyInput:
     """The prompt and candidates of one decision: the last `history` actions taken, and with
-    `kept` (placeholders on) every other game-specific object renamed."""
+    `kept` (placeholders on) every other game-specific object renamed. With `past_states` (the
+    state each of `recent_actions` was taken from: `avoid_repeats` on) the candidates are the
+    actions taken least often from `state` (module docstring)."""
     recent = list(recent_actions[-history:]) if history else []
     actions = parse_state(state).actions or ("look",)
+    if past_states is not None:
+        actions = least_tried(actions, state, past_states, recent_actions)
     if kept is None:
         return PolicyInput(policy_prompt(instruction, recent, state, list_actions), tuple(actions), tuple(actions), {})
     mapping = object_placeholders(kept, instruction, state)

@@ -97,6 +97,7 @@ def play(
         episodes.append(Episode(task, real=not isinstance(env, DreamEnv)))
         states.append(state)
     actions_taken: list[list[str]] = [[] for _ in tasks]
+    states_left: list[list[str]] = [[] for _ in tasks]  # the state each action was taken from
     while True:
         running = [i for i, episode in enumerate(episodes) if not episode.done]
         if not running:
@@ -108,7 +109,10 @@ def play(
         running = [i for i in running if not episodes[i].cut]
         if not running:
             return episodes
-        observations = [Observation(tasks[i].instruction, tuple(actions_taken[i]), states[i]) for i in running]
+        observations = [
+            Observation(tasks[i].instruction, tuple(actions_taken[i]), states[i], tuple(states_left[i]))
+            for i in running
+        ]
         decisions = policy.act(
             observations, greedy=greedy, generator=generator, temperature=temperature, with_values=with_values
         )
@@ -120,6 +124,7 @@ def play(
             episode.model_failures.append(bool(info.get("model_failure")))
             episode.terminated, episode.truncated, episode.won = terminated, truncated, bool(info["won"])
             actions_taken[i].append(decision.action)
+            states_left[i].append(states[i])
             states[i] = state
             if terminated or truncated:
                 episode.final_state = state
