@@ -20,9 +20,9 @@ back to its real text by position.
 With `avoid_repeats` on, the candidates are the actions the episode took least often from the very
 same state (so, while any is left, those it never took there): the games are deterministic, so an
 action taken again from the same state can only lead where it led before, and a greedy policy that
-meets a state twice would otherwise loop between two rooms until the step limit (a third of the
-held-out games the default BC lost, 2026-11-25). When every action was tried once, those tried once
-are next: the policy keeps exploring rather than settling into a cycle.
+meets a state twice would otherwise loop between two rooms until the step limit (16 of the 61
+fresh held-out games the default BC lost, 2026-11-25). When every action was tried once, those
+tried once are next: the policy keeps exploring rather than settling into a cycle.
 
 `policy_input` is the one place the prompt and the candidates are made, for behaviour cloning and
 for acting alike, so that the two can never drift apart.
