@@ -623,7 +623,8 @@ class PromotionConfig:
     alpha: Annotated[
         float,
         _help(
-            "Significance level of the one-sided two-proportion test that the challenger's success rate is higher.",
+            "Significance level of the one-sided test that the challenger wins more often (paired on the same "
+            "episodes when both recorded their outcomes, else two-proportion).",
             gt=0.0,
             lt=1.0,
         ),

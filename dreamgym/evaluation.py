@@ -16,6 +16,9 @@ Report (`EvaluationReport.summary`):
     mean_return       mean over episodes of the sum of the game's step rewards (score gained)
     mean_steps        mean episode length
     real_transitions  real-environment steps played (the sum of the episode lengths)
+    outcomes          "1" for each episode won, "0" for each lost, in play order (games sorted,
+                      then episodes): two policies measured on one evaluation set are compared
+                      game by game (the promotion gate's paired test)
 
 and one record per episode (`EvaluationReport.records`): game, task_id, episode, won,
 truncated, return, steps, and the actions taken joined by " | ".
@@ -122,6 +125,7 @@ def summarize(records: Sequence[dict]) -> dict:
         "mean_return": sum(record["return"] for record in records) / n if n else 0.0,
         "mean_steps": steps / n if n else 0.0,
         "real_transitions": steps,
+        "outcomes": "".join("1" if record["won"] else "0" for record in records),
     }
 
 

@@ -83,7 +83,9 @@ def test_summary_from_records():
         "mean_return": 1.5,
         "mean_steps": 7.5,
         "real_transitions": 30,
+        "outcomes": "1010",  # won or lost, episode by episode in play order
     }
+    assert "eval_outcomes" not in evaluation_metrics(summary)  # a string is not a metric
     assert evaluation_metrics(summary)["eval_ci95_low"] == summary["ci95"][0]
 
 
@@ -172,7 +174,9 @@ def test_eval_command_writes_report_and_logs_to_mlflow(policy_dir, test_games, m
         "mean_return",
         "mean_steps",
         "real_transitions",
+        "outcomes",
     }
+    assert len(report["outcomes"]) == report["episodes"] and report["outcomes"].count("1") == report["wins"]
     assert (report["policy"], report["games"], report["seed"], report["episodes"], report["greedy"]) == (
         str(policy_dir),
         len(test_games),

@@ -20,6 +20,8 @@ from dreamgym.promotion import (
     decide,
     gate,
     one_sided_p_value,
+    paired_p_value,
+    score_tags,
     set_challenger,
 )
 
@@ -58,10 +60,62 @@ def test_p_value_rejects_impossible_counts(counts):
         one_sided_p_value(*counts)
 
 
+def test_paired_p_value_matches_hand_computation():
+    # Episodes won by both or by neither do not count; of the 6 won by only one, a won 5:
+    # p = P(Binomial(6, 1/2) >= 5) = (6 + 1) / 64 = 0.109375.
+    a = "11" + "00" + "11111" + "0"
+    b = "11" + "00" + "00000" + "1"
+    assert paired_p_value(a, b) == pytest.approx(7 / 64)
+    assert paired_p_value("1" * 5, "0" * 5) == pytest.approx(1 / 32)  # 5 of 5: 0.03125
+    # One-sided: the other way round, p = P(X >= 1) = 63/64.
+    assert paired_p_value(b, a) == pytest.approx(63 / 64)
+    # No episode that only one won: no evidence either way.
+    assert paired_p_value("1100", "1100") == 1.0
+    with pytest.raises(DreamgymError, match="paired outcomes of 3 and 4 episodes"):
+        paired_p_value("110", "1100")
+
+
+def test_paired_test_sees_what_the_unpaired_one_misses():
+    """A policy fine-tuned from BC that wins BC's 15 games and 5 more: the paired test calls it
+    better (p = 1/32), the two-proportion test on 20/40 vs 15/40 does not (p = 0.13)."""
+    bc = "1" * 15 + "0" * 25
+    tuned = "1" * 20 + "0" * 20
+    challenger = Score("models:/dreamgym-policy/3", 20, 40, SET, tuned)
+    baseline = Score(BC_LABEL, 15, 40, SET, bc)
+    decision = decide(challenger, baseline, PromotionConfig())
+    assert decision.promote and decision.test == "paired" and decision.p_value == pytest.approx(1 / 32)
+    assert "paired p=0.0312 < alpha 0.05" in decision.reason and decision.tags()["promotion.test"] == "paired"
+    unpaired = decide(score(20), score(15, BC_LABEL), PromotionConfig())
+    assert not unpaired.promote and unpaired.p_value == pytest.approx(0.1299, abs=1e-4)
+    # The same counts with the gains and losses spread (8 gained, 3 lost): not significant.
+    mixed = Score("models:/dreamgym-policy/3", 20, 40, SET, "1" * 12 + "0" * 3 + "1" * 8 + "0" * 17)
+    assert not decide(mixed, baseline, PromotionConfig()).promote
+    # One side without outcomes (registered before they were recorded): the unpaired test.
+    assert decide(challenger, score(15, BC_LABEL), PromotionConfig()).test == "unpaired"
+
+
+def test_score_tags_carry_outcomes_that_fit():
+    summary = {"wins": 2, "episodes": 3, "outcomes": "101"}
+    assert score_tags(summary, "eval_successes", "eval_episodes", "eval_outcomes") == {
+        "eval_successes": "2",
+        "eval_episodes": "3",
+        "eval_outcomes": "101",
+    }
+    # An evaluation summary written before outcomes were recorded, or one too long for a tag.
+    assert "eval_outcomes" not in score_tags(
+        {"wins": 2, "episodes": 3}, "eval_successes", "eval_episodes", "eval_outcomes"
+    )
+    long = {"wins": 0, "episodes": 6000, "outcomes": "0" * 6000}
+    assert "eval_outcomes" not in score_tags(long, "eval_successes", "eval_episodes", "eval_outcomes")
+
+
 def test_score_checks_its_counts_and_has_a_rate():
     assert Score("bc", 18, 40, SET).rate == 0.45 and str(Score("bc", 18, 40, SET)) == "18/40 (45.0%)"
     with pytest.raises(DreamgymError, match="bc: 41 successes of 40"):
         Score("bc", 41, 40, SET)
+    for outcomes in ("101", "1110", "1x10", "110 "):  # wrong length, wrong count, not 0/1
+        with pytest.raises(DreamgymError, match="one '1' \\(won\\) or '0' \\(lost\\) per episode"):
+            Score("bc", 2, 4, SET, outcomes)
 
 
 def test_eval_set_id_identifies_games_settings_and_seed():
@@ -95,13 +149,14 @@ def test_decide_promotes_a_significant_win():
     assert decision.reason == (
         "challenger models:/dreamgym-policy/3 30/40 (75.0%) vs champion "
         "models:/dreamgym-policy/2 18/40 (45.0%): difference 30.0 points > margin "
-        "0.0 points, p=0.00308 < alpha 0.05"
+        "0.0 points, unpaired p=0.00308 < alpha 0.05"
     )
     tags = decision.tags()
     assert set(tags) == {
         "promotion.decision",
         "promotion.baseline",
         "promotion.p_value",
+        "promotion.test",
         "promotion.reason",
         "promotion.challenger_rate",
         "promotion.baseline_rate",
@@ -112,6 +167,7 @@ def test_decide_promotes_a_significant_win():
         tags["promotion.challenger_rate"],
         tags["promotion.baseline_rate"],
     ) == ("promoted", "models:/dreamgym-policy/2", "0.75", "0.45")
+    assert tags["promotion.test"] == "unpaired"  # neither score knows its episodes' outcomes
     assert float(tags["promotion.p_value"]) == pytest.approx(decision.p_value, rel=1e-5)
     assert all(isinstance(value, str) for value in tags.values())
     metrics = decision.metrics()
@@ -133,7 +189,7 @@ def test_decide_needs_both_margin_and_significance():
     assert "the BC policy 20/40" in tie.reason and tie.tags()["promotion.decision"] == "rejected"
     # Higher but not significant: 24/40 vs 20/40, p = 0.184.
     lucky = decide(score(24), score(20, BC_LABEL), PromotionConfig())
-    assert not lucky.promote and "not significant: p=0.184 >= alpha 0.05" in lucky.reason
+    assert not lucky.promote and "not significant: unpaired p=0.184 >= alpha 0.05" in lucky.reason
     assert lucky.metrics()["promotion_promoted"] == 0.0
     # Significant (p = 0.0031) but the difference, exactly 0.3, is not *more than* a 0.3 margin
     # (in floats 0.75 - 0.45 is 0.30000000000000004).
@@ -222,6 +278,19 @@ def test_gate_promotes_only_versions_that_beat_the_champion(mlflow_tracking, tmp
     again = gate(NAME, v3, config)
     assert not again.promote and again.p_value == 1.0 and "already the champion" in again.reason
     assert promotion_tags(v3) == third.tags()
+
+
+def test_gate_pairs_the_episodes_when_the_version_records_them(mlflow_tracking, tmp_path):
+    """The pipeline tags each version with which episodes it and BC won: 20/40 vs 15/40 with BC's
+    15 games kept and 5 gained is promoted (paired p = 1/32); the counts alone would not be."""
+    counts_only = register(tmp_path, "v1", **evaluated(20, bc=15))
+    assert not gate(NAME, counts_only, PromotionConfig()).promote
+    paired = register(
+        tmp_path, "v2", **evaluated(20, bc=15), eval_outcomes="1" * 20 + "0" * 20, bc_outcomes="1" * 15 + "0" * 25
+    )
+    decision = gate(NAME, paired, PromotionConfig())
+    assert decision.promote and decision.test == "paired" and decision.p_value == pytest.approx(1 / 32)
+    assert alias_version(NAME, CHAMPION_ALIAS) == paired and promotion_tags(paired)["promotion.test"] == "paired"
 
 
 def test_gate_reevaluates_a_champion_measured_on_another_eval_set(mlflow_tracking, tmp_path):
