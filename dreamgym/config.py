@@ -346,6 +346,16 @@ class ExperienceConfig:
             part="generation",
         ),
     ] = True
+    name_imagined: Annotated[
+        bool,
+        _help(
+            "An object the model imagines (a placeholder it writes for no name of its prompt: what an "
+            "opened container or a new room holds) takes the name of an object the task asks for that "
+            "the episode has not shown yet, in the task's order; off: it stays a placeholder (obj3) "
+            "(dreamgym/placeholders.py).",
+            part="generation",
+        ),
+    ] = True
     retries: Annotated[
         int,
         _help(
@@ -548,7 +558,7 @@ class RLConfig:
             "game's score increases (the env's step rewards)."
         ),
     ] = "outcome"
-    epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 2
+    epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 6
     group_size: Annotated[int, _help("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
     max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 20
     learning_rate: Annotated[

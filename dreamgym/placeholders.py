@@ -16,13 +16,22 @@ included, so a held-out game's new foods become the same few placeholders the mo
 on; an object that cannot be taken keeps its name even when new (a piece of furniture).
 
 Each worked example in a prompt is numbered on its own, as a query would be: its action's object
-is `obj1` too, so the example reads as the same move on another object. A placeholder the model
-writes that stands for no name of the prompt (an object it imagines, e.g. in a container it
-opens) is left as written.
+is `obj1` too, so the example reads as the same move on another object.
+
+A placeholder the model writes that stands for no name of the prompt is an object it imagines:
+what a container it opens or a room it enters holds. Nothing in the prompt says what that is, and
+left as written (`obj3 (in fridge)`) it is a thing no task asks for: in DreamEnv the policy never
+finds the recipe's ingredients, and a dreamt episode the game would call won is lost (of the 29
+training games the BC policy won, the dream, replaying its very actions, called 6 won; in 23 the
+actions stopped matching a dreamt state that held `obj3` where the game held the ingredient;
+`benchmarks/dream_replay.py`, 2026-11-25). So such placeholders take, lowest number first, the
+names of the objects the task asks for that the episode has not shown yet (`imagined`); any
+more are left as written.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -30,6 +39,7 @@ from dreamgym.renaming import Renamer
 from dreamgym.state import AbstractState, item_name, parse_state
 
 PLACEHOLDER = "obj{}"
+_PLACEHOLDER = re.compile(r"obj([0-9]+)")
 # A carried object in at least this share of the training tasks keeps its name: every game has it.
 COMMON_TASK_SHARE = 0.75
 
@@ -71,23 +81,39 @@ def kept_names(rows: Iterable[Mapping]) -> frozenset[str]:
 class Placeholders:
     """The placeholders of one prompt (or worked example): names to `obj<n>` and back."""
 
-    def __init__(self, mapping: Mapping[str, str]):
+    def __init__(self, mapping: Mapping[str, str], imagined: Sequence[str] = ()):
         self.mapping = dict(mapping)
+        self.imagined = tuple(imagined)  # names for objects the model imagines (module docstring)
         self.forward = Renamer(self.mapping)
         self.backward = Renamer({placeholder: name for name, placeholder in self.mapping.items()})
 
+    def restorer(self, predicted: AbstractState) -> Renamer:
+        """Placeholders back to real names in what the model predicted: the prompt's own, and
+        those `predicted` shows for no name of the prompt, lowest number first, to `imagined`."""
+        unknown = {
+            name
+            for name in shown_names(predicted)
+            if _PLACEHOLDER.fullmatch(name) and name not in self.backward.mapping
+        }
+        if not unknown or not self.imagined:
+            return self.backward
+        ordered = sorted(unknown, key=lambda name: int(name[len("obj") :]))
+        return Renamer({**self.backward.mapping, **dict(zip(ordered, self.imagined))})
+
     @classmethod
-    def of(cls, kept: frozenset[str], action: str, states: Sequence[AbstractState]) -> Placeholders:
+    def of(
+        cls, kept: frozenset[str], action: str, states: Sequence[AbstractState], imagined: Sequence[str] = ()
+    ) -> Placeholders:
         """Placeholders for the carried or takeable objects of `states` not in `kept`: the ones
         `action` names first, in its order, then the others in the order of `shown_names`,
-        state by state."""
+        state by state; `imagined` as in `restorer`."""
         names: list[str] = []
         for state in states:
             carried = carried_names(state)
             names += [name for name in shown_names(state) if name in carried and name not in kept]
         in_action = Renamer({name: name for name in names}).occurrences(action)
         ordered = dict.fromkeys([*in_action, *names])
-        return cls({name: PLACEHOLDER.format(number) for number, name in enumerate(ordered, 1)})
+        return cls({name: PLACEHOLDER.format(number) for number, name in enumerate(ordered, 1)}, imagined)
 
     @classmethod
     def of_row(cls, kept: frozenset[str], row: Mapping) -> Placeholders:

@@ -38,6 +38,9 @@ class Lamps:
             if (found := _LIT.search(item)) and item_name(item) in named
         }
 
+    def task_objects(self, instruction: str) -> tuple[str, ...]:
+        return ("bulb",) if "bulb" in instruction else ()
+
 
 def hall(*visible: str, carried: tuple[str, ...] = ()) -> AbstractState:
     actions = ("put bulb in lamp", "switch lamp") if carried else ("switch lamp", "take bulb from shelf")
@@ -71,3 +74,14 @@ def test_the_configured_domain_is_textworld_cooking_and_a_bad_name_is_refused():
     assert ExperienceModel(None, None, replace(plain, domain="none")).domain is NO_RULES
     with pytest.raises(ValueError, match="names no domain: use 'textworld-cooking' or 'none'"):
         named_domain("lamps")
+
+
+def test_a_task_asks_for_its_recipes_ingredients():
+    cooking = TextWorldCooking()
+    task = (
+        "You are hungry! Let's cook a delicious meal. Recipe: ingredients: red hot pepper, block of cheese. "
+        "directions: slice the red hot pepper; fry the block of cheese; prepare meal."
+    )
+    assert cooking.task_objects(task) == ("red hot pepper", "block of cheese")
+    assert cooking.task_objects("Recipe: ingredients: milk. directions: prepare meal.") == ("milk",)
+    assert cooking.task_objects("go to the kitchen") == () and NO_RULES.task_objects(task) == ()

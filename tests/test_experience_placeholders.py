@@ -11,7 +11,7 @@ from conftest import TINY_EXPERIENCE
 
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
-from dreamgym.envs.dynamics import Completion, Query
+from dreamgym.envs.dynamics import Completion, Query, Step
 from dreamgym.experience.examples import build_examples, history_of, load_kept_names, save_examples
 from dreamgym.experience.format import FormatError, parse_completion, with_real_names
 from dreamgym.experience.generate import (
@@ -93,6 +93,49 @@ def test_placeholders_number_the_action_first_then_carried_then_visible_and_rest
         ("carrot (sliced)", "knife", "yellow potato"),
         ("drop yellow potato",),
     )
+
+
+def test_objects_the_model_imagines_are_named_after_what_the_task_asks_for():
+    """Opening the fridge, the model writes placeholders its prompt never gave (the prompt's own
+    are obj1 and obj2): lowest number first, they take the task's objects the episode has not
+    shown; any more stay as written."""
+    state = AbstractState(
+        "kitchen",
+        ("fridge (closed)", "red apple (on counter)"),
+        ("carrot",),
+        ("open fridge", "take red apple from counter"),
+    )
+    names = Placeholders.of(frozenset({"fridge"}), "open fridge", [state], imagined=("white onion", "milk"))
+    assert names.mapping == {"carrot": "obj1", "red apple": "obj2"}
+    opened = AbstractState(
+        "kitchen",
+        ("fridge (open)", "obj12 (in fridge)", "obj2 (on counter)", "obj3 (in fridge)", "obj4 (in fridge)"),
+        ("obj1",),
+        ("take obj12 from fridge", "take obj3 from fridge", "take obj4 from fridge"),
+    )
+    restored = with_real_names(Completion("obj3 and obj4 appear.", opened, 0.0, False), names)
+    assert restored.next_state == AbstractState(
+        "kitchen",
+        ("fridge (open)", "milk (in fridge)", "obj12 (in fridge)", "red apple (on counter)", "white onion (in fridge)"),
+        ("carrot",),
+        ("take milk from fridge", "take obj12 from fridge", "take white onion from fridge"),
+    )
+    assert restored.reasoning == "white onion and milk appear."
+    # Nothing left to ask for: imagined objects stay placeholders, as they were written.
+    assert with_real_names(Completion(None, opened, 0.0, False), Placeholders(names.mapping)).next_state == (
+        Placeholders(names.mapping).backward.abstract(opened)
+    )
+
+
+def test_the_imagined_names_are_the_tasks_objects_the_episode_has_not_shown():
+    task = "Recipe: ingredients: carrot, white onion, milk. directions: slice the carrot; prepare meal."
+    state = AbstractState("kitchen", ("fridge (closed)",), ("carrot",), ("open fridge",))
+    history = (Step("take milk from counter", 0.0, "pantry"), Step("drop milk", 0.0, "pantry"))
+    model = ExperienceModel(None, None, TINY, kept_names=frozenset())
+    assert model.imagined_names(Query(task, state, "open fridge", history, "t")) == ("white onion",)
+    assert model.imagined_names(Query(task, state, "open fridge", (), "t")) == ("white onion", "milk")
+    off = ExperienceModel(None, None, dataclasses.replace(TINY, name_imagined=False), kept_names=frozenset())
+    assert off.imagined_names(Query(task, state, "open fridge", (), "t")) == ()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ experience/domain.py): measured in experience/rerank.py's history and benchmarks
   food is edible raw goes with its kind, which a placeholder hides.
 - Containers and doors are open or closed: `+insert knife into fridge` among the available actions
   comes with taking the knife only where the fridge is open.
+- The objects a task asks for are its recipe's ingredients (`Recipe: ingredients: a, b.`, as
+  `envs/textworld_env.compact_recipe` writes the task).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dreamgym.experience.format import acted_object, task_mentions, whole_word
 from dreamgym.state import AbstractState, item_name
 
 _OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
+_INGREDIENTS = re.compile(r"\bingredients: (.*?)\. directions:")
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,10 @@ class TextWorldCooking:
             for item in state.visible
             if (found := _OPEN_OR_CLOSED.search(item)) and whole_word(item_name(item)).search(actions)
         }
+
+    def task_objects(self, instruction: str) -> tuple[str, ...]:
+        """The recipe's ingredients, in its order: `Recipe: ingredients: a, b. directions: ...`."""
+        found = _INGREDIENTS.search(instruction)
+        if found is None:
+            return ()
+        return tuple(name for name in (part.strip() for part in found[1].split(",")) if name)

@@ -4,7 +4,8 @@ Retrieval ranks a query's candidate neighbours (rerank.py) by keys that hold in 
 environment — the same action, a change that fits the state, the same items acted on, the share of
 state items — and by three that need to know the environment: how an action stands to its task,
 what kind of thing it acts on, and which statuses of the things a change names decide whether it
-happens. A `Domain` answers those three. `NoRules` answers none (those keys then tie and the
+happens. A `Domain` answers those three, and names the objects a task asks for (a dreamt
+container or room holds them: see `dreamgym.placeholders`). `NoRules` answers none (those keys then tie and the
 generic ones decide): where a new environment starts. TextWorld cooking's answers are
 `experience/cooking.py`; `experience.domain` names the one a model is built and used with.
 """
@@ -37,6 +38,10 @@ class Domain(Protocol):
         `change` (a state delta) name: a change carries over only where these are alike."""
         ...
 
+    def task_objects(self, instruction: str) -> tuple[str, ...]:
+        """The objects `instruction` asks for, by their real names, in its order."""
+        ...
+
 
 @dataclass(frozen=True)
 class NoRules:
@@ -50,6 +55,9 @@ class NoRules:
 
     def statuses(self, state: AbstractState, change: str) -> Mapping[str, str]:
         return {}
+
+    def task_objects(self, instruction: str) -> tuple[str, ...]:
+        return ()
 
 
 NO_RULES = NoRules()

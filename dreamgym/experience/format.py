@@ -524,10 +524,11 @@ def _worked_block(example: Worked) -> str:
 def with_real_names(completion: Completion, placeholders: Placeholders) -> Completion:
     """A completion predicted on placeholders, with the real names back; `FormatError` (a failed
     attempt, generated again) when that would repeat an item."""
-    next_state = placeholders.backward.abstract(completion.next_state)
+    restore = placeholders.restorer(completion.next_state)
+    next_state = restore.abstract(completion.next_state)
     for field in LIST_FIELDS:
         items = getattr(next_state, field)
         if len(set(items)) != len(items):  # e.g. `obj1` and, memorised, the name it stands for
             raise FormatError(f"{field}: the prediction names an object both by its placeholder and by its real name")
-    reasoning = None if completion.reasoning is None else placeholders.backward.text(completion.reasoning)
+    reasoning = None if completion.reasoning is None else restore.text(completion.reasoning)
     return Completion(reasoning=reasoning, next_state=next_state, reward=completion.reward, done=completion.done)

@@ -42,9 +42,10 @@ from dreamgym.experience.format import (
     format_completion,
     format_prompt,
     parse_completion,
+    whole_word,
     with_real_names,
 )
-from dreamgym.placeholders import Placeholders
+from dreamgym.placeholders import Placeholders, shown_names
 from dreamgym.state import AbstractState
 
 # Generation stops at the end of the completion's last section, whatever follows in the vocabulary.
@@ -182,7 +183,7 @@ class ExperienceModel:
         for query, found in zip(queries, self.retrieved(queries)):
             names = Placeholders({})
             if self.kept_names is not None:
-                names = Placeholders.of(self.kept_names, query.action, [query.state])
+                names = Placeholders.of(self.kept_names, query.action, [query.state], self.imagined_names(query))
                 query = _renamed(query, names)
                 found = [Placeholders.own(self.kept_names, row) for row in found]
             prompt = format_prompt(
@@ -194,6 +195,18 @@ class ExperienceModel:
             )
             framed.append((prompt, query, names))
         return framed
+
+    def imagined_names(self, query: Query) -> tuple[str, ...]:
+        """The objects the task asks for that neither the query's state nor its history shows, in
+        the task's order: the names of the objects the model imagines (dreamgym/placeholders.py)."""
+        if not self.config.name_imagined:
+            return ()
+        shown = set(shown_names(query.state))
+        return tuple(
+            name
+            for name in self.domain.task_objects(query.instruction)
+            if name not in shown and not any(whole_word(name).search(step.action) for step in query.history)
+        )
 
     def prompts(self, queries: Sequence[Query]) -> list[str]:
         return [prompt for prompt, _, _ in self.framed(queries)]
