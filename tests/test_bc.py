@@ -15,10 +15,11 @@ from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import Observation, load_policy
 
-# Small enough to clone three games in under a minute on one thread (12 epochs at batch 16 were
-# not enough: 1 of 3 games won).
+# Small enough to clone three games in about a minute on one thread. 12 epochs at batch 16 were not
+# enough (1 of 3 games won); 20 won 2 of 3 with two torch threads but 1 of 3 with one, as a test
+# worker may have; 30 win all three with either.
 SMALL_POLICY = PolicyConfig(
-    vocab_size=512, hidden_size=64, layers=2, heads=2, max_length=512, epochs=20, batch_size=8, learning_rate=2e-3
+    vocab_size=512, hidden_size=64, layers=2, heads=2, max_length=512, epochs=30, batch_size=8, learning_rate=2e-3
 )
 
 
