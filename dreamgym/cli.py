@@ -492,7 +492,8 @@ def policy_eval(
     games: Annotated[
         Path,
         typer.Option(
-            help="Folder of held-out games (e.g. data/games/test); the first evaluation.games of them, sorted (0: all)."
+            help="Folder of held-out games (e.g. data/games/test); evaluation.games of them (0: all), evenly spread "
+            "over their sorted names."
         ),
     ],
     json_out: Annotated[

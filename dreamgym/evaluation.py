@@ -81,9 +81,17 @@ def eval_set_id(game_names: Sequence[str], settings: dict, seed: int) -> str:
 
 
 def held_out_games(config: PipelineConfig, games_dir: str | Path) -> list[Path]:
-    """The frozen held-out set: the first `evaluation.games` (0: all) games of `games_dir` (the
-    test split, `<data_dir>/games/test`), sorted."""
-    return list_games(games_dir)[: config.evaluation.games or None]
+    """The frozen held-out set: `evaluation.games` (0: all) games of `games_dir` (the test split,
+    `<data_dir>/games/test`), evenly spread over its sorted names.
+
+    Not the first ones: names sort by the game's setting (`cooking-test-r1t1g1-...` first), so the
+    first 40 of 100 test games were 27 one-room one-ingredient games and 13 six-room ones, on which
+    a policy that wins 34% of the 100 won 67.5% (2026-11-25)."""
+    games = list_games(games_dir)
+    wanted = config.evaluation.games
+    if not wanted or wanted >= len(games):
+        return games
+    return [games[index * len(games) // wanted] for index in range(wanted)]
 
 
 def current_eval_set(config: PipelineConfig, games: list[Path]) -> str:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from dreamgym.config import PolicyConfig
+from dreamgym.config import EvaluationConfig, PipelineConfig, PolicyConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import (
     EPISODE_COLUMNS,
     episodes_path,
     evaluate_policy,
     evaluation_metrics,
+    held_out_games,
     summarize,
     wilson_interval,
     write_episodes,
@@ -65,6 +67,21 @@ def test_wilson_interval_edges():
     for bad in ((11, 10), (-1, 10), (0, -1)):
         with pytest.raises(ValueError):
             wilson_interval(*bad)
+
+
+def test_the_held_out_set_spreads_over_the_folder(tmp_path):
+    """Game names sort by setting, so the held-out set is spread over the sorted names, not the
+    first ones (which would be the easiest settings only)."""
+    names = [f"cooking-test-r{recipe}t1g1-okc-s{seed}.z8" for recipe in (1, 2, 3) for seed in range(4)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    chosen = held_out_games(dataclasses.replace(PipelineConfig(), evaluation=EvaluationConfig(games=6)), tmp_path)
+    assert [game.name for game in chosen] == sorted(names)[::2]
+    assert {name.split("-")[2] for name in (game.name for game in chosen)} == {"r1t1g1", "r2t1g1", "r3t1g1"}
+    every = held_out_games(dataclasses.replace(PipelineConfig(), evaluation=EvaluationConfig(games=0)), tmp_path)
+    assert [game.name for game in every] == sorted(names)
+    more = held_out_games(dataclasses.replace(PipelineConfig(), evaluation=EvaluationConfig(games=40)), tmp_path)
+    assert more == every
 
 
 def test_summary_from_records():

@@ -5,8 +5,8 @@ environment — the same action, a change that fits the state, the same items ac
 state items — and by three that need to know the environment: how an action stands to its task,
 what kind of thing it acts on, and which statuses of the things a change names decide whether it
 happens. A `Domain` answers those three, and names the objects a task asks for (a dreamt
-container or room holds them: see `dreamgym.placeholders`). `NoRules` answers none (those keys then tie and the
-generic ones decide): where a new environment starts. TextWorld cooking's answers are
+container or room holds them: see `dreamgym.placeholders`). `NoRules` answers none (those keys
+then tie and the generic ones decide): where a new environment starts. TextWorld cooking's answers are
 `experience/cooking.py`; `experience.domain` names the one a model is built and used with.
 """
 
