@@ -97,7 +97,7 @@ class Placeholders:
         }
         if not unknown or not self.imagined:
             return self.backward
-        ordered = sorted(unknown, key=lambda name: int(name[len("obj") :]))
+        ordered = sorted(unknown, key=lambda name: int(_PLACEHOLDER.fullmatch(name)[1]))
         return Renamer({**self.backward.mapping, **dict(zip(ordered, self.imagined))})
 
     @classmethod

@@ -269,13 +269,19 @@ def bc_score(version) -> Score:
     return Score(BC_LABEL, successes, episodes, eval_set, version.tags.get(BC_OUTCOMES_TAG))
 
 
-def score_tags(score: dict, successes_tag: str, episodes_tag: str, outcomes_tag: str) -> dict[str, str]:
-    """An evaluation summary (`dreamgym.evaluation.summarize`) as a version's tags: the counts, and
-    the outcomes when the summary has them and they fit in a tag."""
-    tags = {successes_tag: str(score["wins"]), episodes_tag: str(score["episodes"])}
-    outcomes = score.get("outcomes")
-    if outcomes is not None and len(outcomes) <= MAX_OUTCOMES:
-        tags[outcomes_tag] = outcomes
+def evaluation_tags(policy: dict, bc: dict) -> dict[str, str]:
+    """The tags `version_score` and `bc_score` read, from the evaluation summaries
+    (`dreamgym.evaluation.summarize`) of a version and of its BC policy: the counts, and the
+    outcomes when a summary has them and they fit in a tag. The caller adds `eval_set`."""
+    tags = {}
+    for summary, (_, successes_tag, episodes_tag), outcomes_tag in (
+        (policy, EVAL_TAGS, EVAL_OUTCOMES_TAG),
+        (bc, BC_TAGS, BC_OUTCOMES_TAG),
+    ):
+        tags |= {successes_tag: str(summary["wins"]), episodes_tag: str(summary["episodes"])}
+        outcomes = summary.get("outcomes")
+        if outcomes is not None and len(outcomes) <= MAX_OUTCOMES:
+            tags[outcomes_tag] = outcomes
     return tags
 
 

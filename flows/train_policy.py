@@ -40,8 +40,8 @@ from dreamgym.experience.variations import seed_tasks, variation_writer
 from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
-from dreamgym.promotion import BC_OUTCOMES_TAG, EVAL_OUTCOMES_TAG, score_tags, set_challenger
 from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME
+from dreamgym.promotion import evaluation_tags, set_challenger
 from dreamgym.registry import register_model_dir
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
@@ -433,8 +433,7 @@ def train_policy(
                     "success_rate": f"{evals[-1]['success_rate']:.4f}",
                     "real_transitions": str(real_used),
                     "eval_set": current_eval_set(config, held_out_games(config, test_dir)),
-                    **score_tags(scores["dreamgym"], "eval_successes", "eval_episodes", EVAL_OUTCOMES_TAG),
-                    **score_tags(scores["bc"], "bc_successes", "bc_episodes", BC_OUTCOMES_TAG),
+                    **evaluation_tags(scores["dreamgym"], scores["bc"]),
                 },
             )
             set_challenger(MODEL_NAME, version)

@@ -18,10 +18,10 @@ from dreamgym.promotion import (
     Score,
     alias_version,
     decide,
+    evaluation_tags,
     gate,
     one_sided_p_value,
     paired_p_value,
-    score_tags,
     set_challenger,
 )
 
@@ -94,19 +94,21 @@ def test_paired_test_sees_what_the_unpaired_one_misses():
     assert decide(challenger, score(15, BC_LABEL), PromotionConfig()).test == "unpaired"
 
 
-def test_score_tags_carry_outcomes_that_fit():
-    summary = {"wins": 2, "episodes": 3, "outcomes": "101"}
-    assert score_tags(summary, "eval_successes", "eval_episodes", "eval_outcomes") == {
+def test_evaluation_tags_carry_outcomes_that_fit():
+    policy, bc = {"wins": 2, "episodes": 3, "outcomes": "101"}, {"wins": 1, "episodes": 3, "outcomes": "100"}
+    assert evaluation_tags(policy, bc) == {
         "eval_successes": "2",
         "eval_episodes": "3",
         "eval_outcomes": "101",
+        "bc_successes": "1",
+        "bc_episodes": "3",
+        "bc_outcomes": "100",
     }
     # An evaluation summary written before outcomes were recorded, or one too long for a tag.
-    assert "eval_outcomes" not in score_tags(
-        {"wins": 2, "episodes": 3}, "eval_successes", "eval_episodes", "eval_outcomes"
-    )
+    assert "eval_outcomes" not in evaluation_tags({"wins": 2, "episodes": 3}, bc)
     long = {"wins": 0, "episodes": 6000, "outcomes": "0" * 6000}
-    assert "eval_outcomes" not in score_tags(long, "eval_successes", "eval_episodes", "eval_outcomes")
+    assert "eval_outcomes" not in evaluation_tags(long, bc)
+    assert "bc_outcomes" not in evaluation_tags(policy, long)
 
 
 def test_score_checks_its_counts_and_has_a_rate():
