@@ -8,6 +8,7 @@ exits 1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,18 +69,27 @@ def run(
 ) -> None:
     """The main job: the whole pipeline on the configured (by default embedded) services."""
     config = _config(params)  # a bad parameter file is reported before any service starts
+    from dreamgym.preflight import check_servers
     from dreamgym.tracking import configure_services
 
     services = configure_services(params.resolve().parent / config.paths.run_dir)
+    check_servers()  # a shared server that is down: one error now, not a traceback minutes in
     result = _start_flow(PIPELINE, str(params), refresh=refresh, until=until)
     table = Table(title="dreamgym run", show_header=False)
     for label, value in result.rows():
         table.add_row(label, value)
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)  # a log file gets whole rows
     out.print(table)
-    out.print(
-        f"MLflow UI:  mlflow ui --backend-store-uri {services['MLFLOW_TRACKING_URI']}\n"
-        f"Prefect UI: PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
+    tracking, prefect_api = services["MLFLOW_TRACKING_URI"], os.environ.get("PREFECT_API_URL")
+    out.print(  # a shared server has its UI at its own address; the embedded stores need one started
+        "MLflow UI:  "
+        + (tracking if tracking.startswith("http") else f"mlflow ui --backend-store-uri {tracking}")
+        + "\nPrefect UI: "
+        + (
+            prefect_api.removesuffix("/api")
+            if prefect_api
+            else f"PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
+        )
     )
 
 
@@ -158,7 +168,10 @@ def bench(
         raise DreamgymError(f"--seeds {seeds!r}: give whole numbers separated by commas, e.g. 0,1,2") from None
     row_names = [name.strip() for name in rows.split(",")] if rows else None
     bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
+    from dreamgym.preflight import check_servers
+
     configure_services(params.resolve().parent / config.paths.run_dir)
+    check_servers()
     results = _start_flow(
         BENCH, str(params), str(games), str(json_out), seed_list, real_budget, row_names, held_out=held_out
     )
@@ -647,7 +660,6 @@ def serve(
     parameters (no work pool or worker). Uses the Prefect server PREFECT_API_URL names, else starts
     one here (the temporary one has no scheduler) with its UI at http://127.0.0.1:PORT."""
     import contextlib
-    import os
 
     from dreamgym.schedule import load_deployment, local_prefect_server
     from dreamgym.tracking import configure_services
@@ -681,6 +693,116 @@ def serve(
             flush=True,
         )
         pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
+
+
+@app.command()
+def deploy(
+    name: Annotated[str, typer.Option("--name", help="Deployment of prefect.yaml to register.")] = "nightly",
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Register a deployment of prefect.yaml on the Prefect server PREFECT_API_URL names (what
+    `prefect deploy --name NAME` does; that command fails in Prefect 3.8.8 here). The work pool's
+    worker then runs it on its schedule, or now with `prefect deployment run`."""
+    from dreamgym.schedule import load_deployment
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise DreamgymError(
+            "PREFECT_API_URL is not set: a deployment is registered on a shared Prefect server "
+            "(`dreamgym stack up` starts one and writes its URL to client.env); to run on a schedule "
+            "without one, use `dreamgym serve`"
+        )
+    project = params.resolve().parent
+    spec = load_deployment(project, name)
+    from dreamgym.schedule import register_deployment
+
+    full_name = register_deployment(spec, project)
+    console.print(
+        f"deployment {full_name} on {os.environ['PREFECT_API_URL']}: cron '{spec.cron}' ({spec.timezone}), "
+        f"work pool {spec.work_pool}; run it now with `prefect deployment run '{full_name}'`",
+        markup=False,
+    )
+
+
+stack_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="The team stack as local processes: Postgres + pgvector, MLflow server, Prefect server and worker, "
+    "optionally a Ray head (infra/README.md).",
+)
+app.add_typer(stack_app, name="stack")
+
+EnvFileOption = Annotated[
+    Path,
+    typer.Option("--env-file", help="Ports and passwords (copy infra/.env.example; never commit it)."),
+]
+StackDirOption = Annotated[Path, typer.Option("--dir", help="The stack's folder: data, logs, client.env, pids.")]
+
+
+def _stack(env_file: Path, stack_dir: Path, project: Path = Path("."), ray: bool = False, ray_cpus: int | None = None):
+    from dreamgym.stack.processes import Stack, recorded_services
+    from dreamgym.stack.services import RAY
+    from dreamgym.stack.settings import load_settings
+
+    with_ray = ray or RAY in recorded_services(stack_dir)
+    return Stack(stack_dir, load_settings(env_file), project, with_ray=with_ray, ray_cpus=ray_cpus)
+
+
+@stack_app.command("up")
+def stack_up(
+    env_file: EnvFileOption = Path("infra/.env"),
+    stack_dir: StackDirOption = Path(".dreamgym/stack"),
+    project: Annotated[Path, typer.Option("--project", help="The checkout the worker runs deployments from.")] = Path(
+        "."
+    ),
+    ray: Annotated[bool, typer.Option("--ray/--no-ray", help="Also start a Ray head.")] = False,
+    ray_cpus: Annotated[
+        int | None, typer.Option(min=1, max=4096, help="CPUs the Ray head offers [default: all].")
+    ] = None,
+) -> None:
+    """Start the services that are not running (each waits for its health check) and write the
+    pipeline's environment to DIR/client.env."""
+    stack = _stack(env_file, stack_dir, project, ray, ray_cpus)
+    env_file_out = stack.up(progress=lambda line: console.print(line, markup=False))
+    console.print(f"the stack is up; point the pipeline at it with:  set -a; . {env_file_out}; set +a", markup=False)
+
+
+@stack_app.command("down")
+def stack_down(
+    env_file: EnvFileOption = Path("infra/.env"), stack_dir: StackDirOption = Path(".dreamgym/stack")
+) -> None:
+    """Stop the stack's services (its data stays in DIR)."""
+    _stack(env_file, stack_dir).down(progress=lambda line: console.print(line, markup=False))
+
+
+@stack_app.command("status")
+def stack_status(
+    env_file: EnvFileOption = Path("infra/.env"), stack_dir: StackDirOption = Path(".dreamgym/stack")
+) -> None:
+    """Each service: its process, whether its health check answers, its log. Exit 1 if one is down."""
+    stack = _stack(env_file, stack_dir)
+    table = Table("service", "pid", "healthy", "log")
+    statuses = stack.status()
+    for status in statuses:
+        table.add_row(
+            status.name, str(status.pid or "-"), "yes" if status.healthy else "NO", str(stack.log_path(status.name))
+        )
+    Console(soft_wrap=True).print(table)
+    if not all(status.healthy for status in statuses):
+        raise typer.Exit(1)
+
+
+@stack_app.command("restart")
+def stack_restart(
+    service: Annotated[str, typer.Argument(help="postgres, mlflow, prefect-server, prefect-worker or ray.")],
+    env_file: EnvFileOption = Path("infra/.env"),
+    stack_dir: StackDirOption = Path(".dreamgym/stack"),
+) -> None:
+    """Stop one service and start it again (a running pipeline's retries ride it out)."""
+    stack = _stack(env_file, stack_dir)
+    if service not in stack.services:
+        raise DreamgymError(f"no service {service!r} in this stack; use one of {', '.join(stack.services)}")
+    stack.restart(service)
+    console.print(f"{service}: restarted", markup=False)
 
 
 def main() -> None:

