@@ -58,6 +58,9 @@ def test_the_nightly_deployment(spec):
         work_pool="dreamgym-local",
         work_queue="default",
         work_pool_type="process",
+        pull_steps=({"prefect.deployments.steps.set_working_directory": {"directory": "{{ $DREAMGYM_PROJECT_DIR }}"}},),
+        tags=("dreamgym", "retraining"),
+        description="The whole dreamgym pipeline (ingest, experience model, policy), every night.",
     )
     assert (REPO / spec.parameters["params"]).is_file()
 
@@ -74,10 +77,14 @@ def test_prefect_reads_the_same_deployment(spec):
     [schedule] = deployment.schedules
     assert (schedule.cron, schedule.timezone) == (spec.cron, spec.timezone)
     assert (deployment.work_pool.name, deployment.work_pool.work_queue_name) == (spec.work_pool, spec.work_queue)
-    # The pool's type is fixed by `prefect work-pool create ... --type`; the file's comment says which.
-    assert (
-        f"prefect work-pool create {spec.work_pool} --type {spec.work_pool_type}" in (REPO / "prefect.yaml").read_text()
-    )
+    # The pool's type is fixed when it is created: by the team stack's worker (`--pool P --type T`).
+    from dreamgym.stack.services import PREFECT_WORKER, stack_services
+    from dreamgym.stack.settings import Secret, StackSettings
+
+    settings = StackSettings(*(Secret("x") for _ in range(4)))
+    [worker] = [s for s in stack_services(settings, REPO, REPO) if s.name == PREFECT_WORKER]
+    assert settings.work_pool == spec.work_pool
+    assert worker.argv[worker.argv.index("--type") + 1] == spec.work_pool_type
 
 
 def test_the_pull_step_enters_the_checkout(spec, monkeypatch, tmp_path):
