@@ -369,7 +369,10 @@ class ExperienceConfig:
         _help(
             "Where completions are generated: 'local' runs the model with transformers in-process; "
             "'http' asks an OpenAI-compatible completions endpoint (backend_url, backend_model), "
-            "e.g. `vllm serve <model_dir>` on a GPU box.",
+            "e.g. `vllm serve <model_dir>` on a GPU box or `transformers serve <model_dir>` on CPU "
+            "(infra/SERVING.md). Over http the server keeps greedy decoding, seeded sampled retries, "
+            "max_new_tokens and the stop string, but not constrained_decoding nor the left-truncation "
+            "of a prompt longer than max_length - max_new_tokens.",
             part="backend",
         ),
     ] = "local"
@@ -377,10 +380,30 @@ class ExperienceConfig:
         str, _help("Base URL of the completions server, e.g. http://gpu-box:8000/v1 (backend: http).", part="backend")
     ] = ""
     backend_model: Annotated[
-        str, _help("The served model's name, as the server lists it (backend: http).", part="backend")
+        str,
+        _help(
+            "The served model's name (backend: http): vLLM's --served-model-name (by default the path it "
+            "serves), or exactly the path given to `transformers serve`.",
+            part="backend",
+        ),
     ] = ""
+    backend_batching: Annotated[
+        Literal["auto", "list", "single"],
+        _help(
+            "How a batch's prompts go to the server (backend: http): 'list' in one request (vLLM, the "
+            "OpenAI API); 'single' one prompt per request, a few at a time (transformers serve takes no "
+            "list); 'auto' sends a list and, when the server refuses lists but takes the prompt alone, "
+            "goes on one prompt per request for the rest of the run.",
+            part="backend",
+        ),
+    ] = "auto"
     backend_timeout: Annotated[
-        float, _help("Seconds to wait for one batch's answer (backend: http).", gt=0, part="backend")
+        float,
+        _help(
+            "Seconds to wait for one request's answer: a batch's, or one prompt's (backend: http).",
+            gt=0,
+            part="backend",
+        ),
     ] = 60.0
     backend_retries: Annotated[
         int,

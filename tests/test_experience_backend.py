@@ -247,3 +247,80 @@ def test_the_http_backend_is_configured_explicitly(tmp_path):
     with open_experience_model(tmp_path / "not-here", tmp_path, PipelineConfig(experience=settings)) as model:
         assert isinstance(model, RemoteExperienceModel) and model.model is None
         assert model.url == "http://gpu-box:8000/v1/completions" and model.config == settings
+
+
+def takes_no_list(body: dict, _: int) -> tuple[int, dict]:
+    """Answers as transformers serve does: a list of prompts refused (HTTP 400), a prompt alone
+    completed with the stop string kept, and whatever the token that completed it held after it.
+    The first prompt's answer comes last, so that order is the prompts', not the answers'."""
+    prompt = body["prompt"]
+    if not isinstance(prompt, str):
+        return 400, {"detail": "prompt must be a string."}
+    if prompt == "a":
+        time.sleep(0.2)
+    return completions({"index": 0, "text": f"<done>{prompt}{STOP}\n", "finish_reason": "stop"})
+
+
+def test_a_server_that_takes_no_list_gets_one_prompt_per_request():
+    with serve(takes_no_list) as server:
+        model = remote(server)  # experience.backend_batching: auto
+        assert model.generate(["a", "b", "c"]) == [f"<done>{p}{STOP}" for p in "abc"]
+        # The batch refused, a one-token probe refused as a list and taken alone, then each prompt.
+        first, probe_list, probe_alone, *alone = server.requests
+        assert first["prompt"] == ["a", "b", "c"] and probe_list["prompt"] == ["a"] and probe_alone["prompt"] == "a"
+        assert probe_list["max_tokens"] == probe_alone["max_tokens"] == 1
+        assert sorted(body["prompt"] for body in alone) == ["a", "b", "c"]
+        assert all(body["max_tokens"] == TINY.max_new_tokens for body in alone)
+        # Learnt once, for the model's life: the next batch goes one prompt per request at once.
+        del server.requests[:]
+        assert model.generate(["d", "e"]) == [f"<done>d{STOP}", f"<done>e{STOP}"]
+        assert sorted(body["prompt"] for body in server.requests) == ["d", "e"]
+        assert model.takes_lists is False
+
+
+def test_a_sampled_prompt_alone_is_seeded_by_itself_and_asks_transformers_to_sample():
+    with serve(takes_no_list) as server:
+        remote(server, backend_batching="single").generate(["b", "c"], sample=True, attempt=2)
+    assert [body["prompt"] for body in server.requests] == ["b", "c"]  # one after the other
+    for body in server.requests:
+        assert body["seed"] == sample_seed(0, 2, [body["prompt"]]) and body["temperature"] > 0
+        assert json.loads(body["generation_config"]) == {"do_sample": True, "top_k": 0, "top_p": 1.0}
+
+
+def test_list_batching_set_by_hand_says_what_to_set_when_lists_are_refused():
+    refused = pytest.raises(ExperienceBackendError, match=r"prompt must be a string.*backend_batching: single or auto")
+    with serve(takes_no_list) as server, refused:
+        remote(server, backend_batching="list").generate(["a", "b"])
+    assert len(server.requests) == 1  # no probe: the setting says lists
+
+
+def test_a_refused_prompt_is_not_taken_for_a_refused_list():
+    def answer(body: dict, _: int) -> tuple[int, dict]:  # vLLM: lists taken, a long prompt refused
+        prompts = body["prompt"]
+        if "long" in prompts:
+            return 400, {"error": {"message": "The decoder prompt (length 900) is longer than the maximum 768."}}
+        return completions(*({"index": i, "text": "x", "finish_reason": "length"} for i in range(len(prompts))))
+
+    with serve(answer) as server:
+        model = remote(server)
+        with pytest.raises(ExperienceBackendError, match=r"decoder prompt .* is longer"):
+            model.generate(["short", "long"])
+        assert [body["prompt"] for body in server.requests] == [["short", "long"], ["short"]]
+        assert model.takes_lists is True  # the probe's list of one was taken
+        assert model.generate(["short", "other"]) == ["x", "x"]
+        assert server.requests[-1]["prompt"] == ["short", "other"]
+
+
+def test_each_prompt_alone_is_retried_on_its_own(fast_backoff):
+    refused_once = set()
+
+    def answer(body: dict, _: int) -> tuple[int, dict]:
+        if body["prompt"] == "b" and "b" not in refused_once:
+            refused_once.add("b")
+            return 503, {"error": {"message": "busy"}}
+        return takes_no_list(body, 0)
+
+    with serve(answer) as server:
+        texts = remote(server, backend_batching="single").generate(["a", "b", "c"])
+    assert texts == [f"<done>{p}{STOP}" for p in "abc"]
+    assert sorted(body["prompt"] for body in server.requests) == ["a", "b", "b", "c"]
