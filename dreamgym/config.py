@@ -10,11 +10,12 @@ and what to write instead, e.g.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
 from dreamgym.errors import DreamgymError
@@ -673,6 +674,52 @@ class PathsConfig:
     run_dir: Annotated[str, _help("Embedded services' state: MLflow (SQLite + artifacts), Prefect home.")] = ".dreamgym"
 
 
+# What `compute.ray_address` accepts: Ray's own address forms (ray.init's `address`).
+_RAY_ADDRESS = re.compile(r"local|auto|(ray://)?[\w.-]+:\d{1,5}")
+
+
+@dataclass(config=_STRICT)
+class ComputeConfig:
+    """Where the work that fans out runs: game generation, offline and fidelity collection, real
+    held-out evaluation (flows/compute.py). Either way the results are the same, record for record,
+    so no cache key includes this section: a run on Ray reuses what a local run made, and back."""
+
+    task_runner: Annotated[
+        Literal["local", "ray"],
+        _help(
+            "'local': in the flow's process, as games.workers and collect.workers say; 'ray': cut into "
+            "pieces, each a Prefect task on a Ray cluster at ray_address (prefect-ray's RayTaskRunner). "
+            "The environment variable DREAMGYM_RAY_ADDRESS, when set, means 'ray' at the address it "
+            "holds, whatever this file says (Ray's own RAY_ADDRESS never switches the runner)."
+        ),
+    ] = "local"
+    ray_address: Annotated[
+        str,
+        _help(
+            "task_runner ray: 'local' starts a Ray on this machine for the run, with ray_workers CPUs; "
+            "'auto' joins the cluster `ray start` runs here (or the one RAY_ADDRESS names); "
+            "'ray://HOST:10001' a remote cluster's Ray Client port. A remote cluster's workers need the "
+            "project installed, data_dir and outputs_dir on a shared filesystem at the same paths, and "
+            "PREFECT_API_URL naming a Prefect server they can reach."
+        ),
+    ] = "local"
+    ray_workers: Annotated[
+        int,
+        _help(
+            "CPUs of the Ray that ray_address 'local' starts: pieces run at once (a cluster's own CPUs "
+            "count otherwise).",
+            ge=1,
+        ),
+    ] = 2
+
+    @field_validator("ray_address")
+    @classmethod
+    def _known_address(cls, value: str) -> str:
+        if not _RAY_ADDRESS.fullmatch(value):
+            raise ValueError("use 'local', 'auto', 'ray://HOST:PORT' (Ray Client, usually port 10001) or 'HOST:PORT'")
+        return value
+
+
 @dataclass(config=_STRICT)
 class PipelineConfig:
     """Everything the pipeline reads; `params.yaml` mirrors this structure."""
@@ -699,6 +746,7 @@ class PipelineConfig:
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
     evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
     promotion: PromotionConfig = dataclasses.field(default_factory=PromotionConfig)
+    compute: ComputeConfig = dataclasses.field(default_factory=ComputeConfig)
 
 
 # Keys an older params.yaml may still have (CHANGELOG.md), so that its error says what to do.

@@ -48,6 +48,9 @@ from dreamgym.rl.rollout import Episode, RealBudget, play
 
 EPISODE_COLUMNS = ("game", "task_id", "episode", "won", "truncated", "return", "steps", "actions")
 ACTION_SEPARATOR = " | "
+# Episodes played side by side. Greedy results depend on it only through the batches' float sums,
+# so shards of one evaluation are cut at its multiples (dreamgym/sharding.py).
+BATCH = 16
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -144,7 +147,7 @@ def evaluate_policy(
     seed: int,
     max_steps: int,
     greedy: bool = True,
-    batch: int = 16,
+    batch: int = BATCH,
     progress: bool = True,
 ) -> EvaluationReport:
     """Play every game `episodes_per_game` times in the real game; see the module docstring.

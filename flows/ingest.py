@@ -34,8 +34,10 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.errors import DreamgymError
+from dreamgym.fanout import collect_in_pieces, generate_in_pieces
 from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
+from flows.compute import fanout
 
 TRAJECTORIES_FILE = "trajectories/offline.parquet"
 
@@ -91,7 +93,11 @@ def generate_games_task(
     seed: int,
     games: GamesConfig,
 ) -> list[str]:
-    paths, made = generate_games(plan_games(games, split, count, seed), out_dir, workers=games.workers)
+    specs, pieces = plan_games(games, split, count, seed), fanout()
+    if pieces is None:
+        paths, made = generate_games(specs, out_dir, workers=games.workers)
+    else:  # the flow runs on Ray (flows/compute.py): the same games, made by its workers
+        paths, made = generate_in_pieces(specs, out_dir, pieces)
     get_run_logger().info("%s games in %s: %d made, %d reused", split, out_dir, made, len(paths) - made)
     return [str(path) for path in paths]
 
@@ -102,7 +108,11 @@ def generate_games_task(
 def collect_task(
     games: list[str], out: str, settings: CollectionSettings, workers: int, run_id: str
 ) -> CollectionResult:
-    result = collect(games, out, settings, workers=workers, run_id=run_id)
+    pieces = fanout()
+    if pieces is None:
+        result = collect(games, out, settings, workers=workers, run_id=run_id)
+    else:  # the flow runs on Ray (flows/compute.py): the same rows, played by its workers
+        result = collect_in_pieces(games, out, settings, pieces, run_id=run_id)
     get_run_logger().info(
         "%s %d transitions in %d trajectories (success %.0f%%) in %.1fs",
         "reused" if result.reused else "collected",

@@ -30,9 +30,11 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from dreamgym.config import PipelineConfig, config_to_dict, load_config
 from dreamgym.data.versioning import commit_stage, dvc_stage_params
 from dreamgym.errors import DreamgymError
+from dreamgym.preflight import check_servers
 from dreamgym.promotion import POLICY_MODEL_NAME, Decision, gate, held_out_evaluator
 from dreamgym.tracking import configure_services, stage_run
 from flows.caching import stage_key
+from flows.compute import compute_settings, on_compute, ray_cluster
 from flows.ingest import IngestResult, ingest, log_dataset, markdown_table
 from flows.train_experience import ExperienceResult, train_experience
 from flows.train_policy import PolicyResult, train_policy
@@ -170,8 +172,11 @@ def pipeline(
     project = params_path.parent
     run_dir = project / config.paths.run_dir
     configure_services(run_dir)  # a deployment's worker may not have; never overrides what is set
+    check_servers()  # a deployment run on a worker: a server that is down fails it now, by name
+    compute = compute_settings(config.compute)  # local, unless compute or DREAMGYM_RAY_ADDRESS says Ray
     with (
         temporary_settings({PREFECT_TASKS_REFRESH_CACHE: refresh}),
+        ray_cluster(compute),  # one Ray for every stage (none when local)
         stage_run("pipeline", config, project, tags={"prefect.flow_run_id": str(flow_run.get_id())}) as run,
     ):
         mlflow.log_dict(config_to_dict(config), "config/params.json")
@@ -179,17 +184,19 @@ def pipeline(
         result = PipelineResult(
             mlflow_run_id=run.info.run_id,
             prefect_flow_run_id=str(flow_run.get_id()),
-            ingest=ingest(config, str(project)),  # records its own DVC stage
+            ingest=on_compute(ingest, compute)(config, str(project)),  # records its own DVC stage
         )
         ingested = result.ingest
         mlflow.set_tag("dreamgym.data_md5", ingested.data_md5)
         log_dataset(ingested.validated_path, ingested.data_md5, ingested.dvc_file)
         if STAGES.index(until) >= STAGES.index("experience"):
-            result = replace(result, experience=train_experience(config, ingested, str(project)))
+            experience = on_compute(train_experience, compute)(config, ingested, str(project))
+            result = replace(result, experience=experience)
             mlflow.set_tag("dreamgym.experience_model", result.experience.model)
             write_stage_metrics(project, config, result, "experience")
         if STAGES.index(until) >= STAGES.index("policy"):
-            result = replace(result, policy=train_policy(config, ingested, result.experience, str(project)))
+            policy = on_compute(train_policy, compute)(config, ingested, result.experience, str(project))
+            result = replace(result, policy=policy)
             mlflow.set_tag("dreamgym.policy", result.policy.model)
             write_stage_metrics(project, config, result, "policy")
         if until == "promotion":

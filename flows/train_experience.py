@@ -24,7 +24,7 @@ from prefect.tasks import exponential_backoff
 from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_part, load_config
-from dreamgym.data.collect import collect_held_out
+from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.games import game_setting
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
@@ -36,11 +36,13 @@ from dreamgym.experience.generate import open_experience_model, save_settings
 from dreamgym.experience.report import log_fidelity
 from dreamgym.experience.rerank import RANKING_VERSION
 from dreamgym.experience.variations import variation_examples
+from dreamgym.fanout import collect_in_pieces
 from dreamgym.lm.sft import TrainResult, plot_losses, train_sft
 from dreamgym.placeholders import kept_names
 from dreamgym.registry import register_model_dir
 from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
+from flows.compute import fanout
 from flows.ingest import IngestResult, ingest, log_dataset, markdown_table
 
 MODEL_NAME = "dreamgym-experience"
@@ -145,7 +147,11 @@ def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed:
     ),
 )
 def real_transitions_task(test_games_dir: str, out: str, config: PipelineConfig) -> str:
-    return collect_held_out(test_games_dir, out, config)
+    pieces = fanout()
+    if pieces is None:
+        return collect_held_out(test_games_dir, out, config)
+    games, settings = held_out_collection(test_games_dir, config)  # on Ray (flows/compute.py): the same rows
+    return collect_in_pieces(games, out, settings, pieces).path
 
 
 @task(

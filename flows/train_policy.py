@@ -37,6 +37,7 @@ from dreamgym.evaluation import (
     write_json,
 )
 from dreamgym.experience.variations import seed_tasks, variation_writer
+from dreamgym.fanout import evaluate_in_pieces
 from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
@@ -47,6 +48,7 @@ from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
 from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
+from flows.compute import fanout
 from flows.ingest import IngestResult, log_dataset, markdown_table
 from flows.train_experience import ExperienceResult
 
@@ -296,14 +298,20 @@ def evaluate_task(
     path = Path(out_dir) / f"eval-{name}-{_key(policy_dir, current_eval_set(config, games))}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    report = evaluate_policy(
-        load_policy(policy_dir),
-        games,
-        config.evaluation.episodes_per_game,
-        config.seed,
-        config.evaluation.max_steps,
-        greedy=config.evaluation.greedy,
-    )
+    settings, pieces = config.evaluation, fanout()
+    if pieces is None:
+        report = evaluate_policy(
+            load_policy(policy_dir),
+            games,
+            settings.episodes_per_game,
+            config.seed,
+            settings.max_steps,
+            greedy=settings.greedy,
+        )
+    else:  # the flow runs on Ray (flows/compute.py): shards of games, the same records and summary
+        report = evaluate_in_pieces(
+            policy_dir, games, settings.episodes_per_game, config.seed, settings.max_steps, settings.greedy, pieces
+        )
     summary = {"name": name, "policy_dir": policy_dir, "json_path": str(path), **report.summary}
     write_episodes(report.records, episodes_path(path))
     write_json(summary, path)

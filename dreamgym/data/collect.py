@@ -147,7 +147,8 @@ def play_episode(
     return rows
 
 
-def _collect_game(game_file: str, settings: CollectionSettings, run_id: str | None) -> list[dict]:
+def collect_game(game_file: str, settings: CollectionSettings, run_id: str | None) -> list[dict]:
+    """Every episode of one game, as transition records (a unit of work a pool or a Ray worker runs)."""
     env = TextWorldEnv(max_steps=settings.max_steps)
     try:
         task = load_task(game_file)
@@ -162,6 +163,19 @@ def _collect_game(game_file: str, settings: CollectionSettings, run_id: str | No
 
 def _games_digest(games: Sequence[Path]) -> list[list[str]]:
     return [[game.name, hashlib.md5(game.read_bytes()).hexdigest()] for game in games]
+
+
+def collection_metadata(games: Sequence[Path], settings: CollectionSettings) -> dict:
+    """What a collection file records about how it was made: a file that records the same is reused."""
+    # format 2: rows record the expert's action (a file of format 1 is collected again)
+    return {"collection": asdict(settings), "games": _games_digest(games), "format": 2}
+
+
+def reused_collection(out: Path, metadata: dict) -> CollectionResult | None:
+    """The collection already at `out`, if it was made as `metadata` says; else None."""
+    if out.exists() and read_metadata(out) == metadata:
+        return CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(read_transitions(out)))
+    return None
 
 
 def summarize(table: pa.Table) -> dict[str, float]:
@@ -193,23 +207,21 @@ def collect(
     if not games:
         raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
     out = Path(out)
-    # format 2: rows record the expert's action (a file of format 1 is collected again)
-    metadata = {"collection": asdict(settings), "games": _games_digest(games), "format": 2}
-    if out.exists() and read_metadata(out) == metadata:
-        table = read_transitions(out)
-        return CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(table))
+    metadata = collection_metadata(games, settings)
+    if reused := reused_collection(out, metadata):
+        return reused
 
     started = time.perf_counter()
     rows_by_game: dict[str, list[dict]] = {}
     with tqdm(total=len(games), desc=f"collect → {out.name}", unit="game", disable=not progress) as bar:
         if workers == 1:  # no pool: a worker process costs seconds to start (it imports TextWorld)
             for game in games:
-                rows_by_game[str(game)] = _collect_game(str(game), settings, run_id)
+                rows_by_game[str(game)] = collect_game(str(game), settings, run_id)
                 bar.update()
         else:
             context = multiprocessing.get_context("spawn")  # forking a threaded process is unsafe
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = {pool.submit(_collect_game, str(game), settings, run_id): game for game in games}
+                futures = {pool.submit(collect_game, str(game), settings, run_id): game for game in games}
                 for future in as_completed(futures):
                     rows_by_game[str(futures[future])] = future.result()
                     bar.update()
@@ -218,10 +230,16 @@ def collect(
     return CollectionResult(path=str(out), seconds=time.perf_counter() - started, reused=False, **summarize(table))
 
 
+def held_out_collection(games_dir: str | Path, config: PipelineConfig) -> tuple[list[Path], CollectionSettings]:
+    """The games and settings of `collect_held_out`."""
+    games = list_games(games_dir)[: config.experience.eval_games or None]
+    settings = dataclasses.replace(CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1)
+    return games, settings
+
+
 def collect_held_out(games_dir: str | Path, out: str | Path, config: PipelineConfig) -> str:
     """Real transitions to measure a model against (fidelity): one new episode on each of the
     first `experience.eval_games` games (0: all), with the data's behaviour policy but another
     seed, so they are never episodes it trained on. Reused when collected with the same settings."""
-    games = list_games(games_dir)[: config.experience.eval_games or None]
-    settings = dataclasses.replace(CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1)
+    games, settings = held_out_collection(games_dir, config)
     return collect(games, out, settings, workers=config.collect.workers).path
