@@ -1,6 +1,7 @@
 """The team deployment end to end: the shared services as real processes on free local ports
 (`dreamgym stack`), the tiny pipeline as a deployment run that the Prefect worker executes, its
-buffer in the stack's Postgres, its runs, artifacts and models on the MLflow server over HTTP. One
+buffer in the stack's Postgres, its runs, artifacts and models on the MLflow server over HTTP, its
+fan-out on the stack's Ray head. One
 server is killed and restarted mid-run; nothing is lost or duplicated, no password leaks, and a
 run from a second checkout sees the registry the first one filled."""
 
@@ -68,7 +69,7 @@ def _write_overrides(params: Path, overrides: dict) -> None:
 
 @pytest.fixture(scope="module")
 def team(tmp_path_factory, train_games, test_games):
-    """The stack up on free ports, with a worker serving checkout A; torn down afterwards."""
+    """The stack up on free ports, with a Ray head and a worker serving checkout A; torn down afterwards."""
     from dreamgym.stack.processes import Stack
     from dreamgym.stack.settings import load_settings
 
@@ -76,7 +77,7 @@ def team(tmp_path_factory, train_games, test_games):
     env_file = root / "team.env"
     values = _write_env_file(env_file)
     checkout = _checkout(root / "checkout-a", train_games, test_games)
-    stack = Stack(root / "stack", load_settings(env_file), checkout)
+    stack = Stack(root / "stack", load_settings(env_file), checkout, with_ray=True, ray_cpus=2)
     try:
         stack.up()
         yield stack, checkout, values
@@ -159,6 +160,11 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     # ... run by the worker, from the deployment.
     assert finished.deployment_id is not None and finished.work_pool_name == stack.settings.work_pool
     assert str(finished.id) in worker_log
+    # ... and what fans out ran on the stack's Ray head, one Prefect task per piece (client.env's
+    # DREAMGYM_RAY_ADDRESS, in the worker's environment, switched the run to Ray).
+    with _prefect(stack):
+        assert _task_state("collect-piece") == "Completed"
+        assert _task_state("evaluate-piece") == "Completed"
 
     # MLflow, over HTTP: one pipeline run with a run per stage, not one more after the restart.
     tracking = client_env["MLFLOW_TRACKING_URI"]
@@ -202,6 +208,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
 
     # No password in MLflow params, tags or artifacts, Prefect's logs of the run, or any log.
     passwords = [value for key, value in values.items() if key.endswith("_PASSWORD")]
+    passwords.append((stack.dir / "ray-auth-token").read_text())
     texts = [str(run.data.params) + str(run.data.tags) for run in runs]
     download = tmp_path / "artifacts"
     for run in runs:

@@ -35,6 +35,7 @@ from dreamgym.stack.services import (
     POSTGRES,
     PREFECT_WORKER,
     RAY,
+    RAY_TOKEN_FILE,
     Service,
     client_env,
     prefect_api_url,
@@ -168,6 +169,8 @@ class Stack:
     def up(self, progress: Callable[[str], None] = lambda _: None) -> Path:
         """Start every service not running, in order; write and return client.env."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.with_ray:
+            self._ensure_ray_token()
         env_file = self.write_client_env()
         for name in self.services:
             started = self.start(name)
@@ -266,7 +269,17 @@ class Stack:
 
     # -- clients ---------------------------------------------------------------------------------
     def client_env(self) -> dict[str, str]:
-        return client_env(self.settings, self.with_ray)
+        return client_env(self.settings, self.dir, self.with_ray)
+
+    def _ensure_ray_token(self) -> None:
+        """The stack's Ray token, made once (owner-only): what a client needs to join the head."""
+        import secrets
+
+        path = self.dir / RAY_TOKEN_FILE
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32))
 
     def write_client_env(self) -> Path:
         path = self.dir / CLIENT_ENV

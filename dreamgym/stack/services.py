@@ -87,7 +87,16 @@ def ray_address(settings: StackSettings) -> str:
     return f"ray://{settings.host}:{settings.ray_client_port}"
 
 
-def client_env(settings: StackSettings, with_ray: bool) -> dict[str, str]:
+RAY_TOKEN_FILE = "ray-auth-token"
+
+
+def ray_auth_env(stack_dir: Path) -> dict[str, str]:
+    """Ray's token authentication (on by default since Ray 2.5x) with the stack's own token: the
+    head and every client read it from this file (a client on another machine gets a copy)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(stack_dir.resolve() / RAY_TOKEN_FILE)}
+
+
+def client_env(settings: StackSettings, stack_dir: Path, with_ray: bool) -> dict[str, str]:
     """The environment that points the pipeline at the stack: no code change, only these."""
     env = {
         "DATABASE_URL": database_url(settings, PIPELINE_ROLE, settings.dreamgym_db_password.value, PIPELINE_ROLE),
@@ -96,6 +105,7 @@ def client_env(settings: StackSettings, with_ray: bool) -> dict[str, str]:
     }
     if with_ray:
         env["DREAMGYM_RAY_ADDRESS"] = ray_address(settings)
+        env |= ray_auth_env(stack_dir)
     return env
 
 
@@ -175,7 +185,7 @@ def stack_services(
             ),
             env={
                 **quiet,
-                **client_env(settings, with_ray),
+                **client_env(settings, stack_dir, with_ray),
                 "PREFECT_HOME": str(stack_dir / "prefect-worker"),
                 # prefect.yaml's pull step changes into this checkout before each run.
                 "DREAMGYM_PROJECT_DIR": str(project_dir.resolve()),
@@ -199,7 +209,7 @@ def stack_services(
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                 ),
-                env={},
+                env=ray_auth_env(stack_dir),
             )
         )
     return services
