@@ -21,13 +21,11 @@ from dreamgym.data.collect import (
     CollectionResult,
     CollectionSettings,
     collect_game,
-    collection_metadata,
-    reused_collection,
+    plan_collection,
     summarize,
 )
 from dreamgym.data.games import GameSpec, is_complete, make_game
 from dreamgym.data.schema import read_transitions, to_table, write_transitions
-from dreamgym.envs.textworld_env import check_game_file
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import BATCH, EvaluationReport, evaluate_policy
 from dreamgym.evaluation import summarize as summarize_episodes
@@ -99,12 +97,9 @@ def collect_in_pieces(
     way reuses what the other collected). Each episode's random stream is seeded from (seed, task,
     episode), so where it is played changes nothing. The pieces write part files in a scratch
     folder beside `out` (on the shared filesystem), read back here and removed."""
-    games = [check_game_file(game) for game in games]
-    if not games:
-        raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
     out = Path(out)
-    metadata = collection_metadata(games, settings)
-    if reused := reused_collection(out, metadata):
+    games, metadata, reused = plan_collection(games, out, settings)
+    if reused:
         return reused
     started = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)

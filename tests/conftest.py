@@ -47,6 +47,25 @@ TINY_EXPERIENCE = ExperienceConfig(
 )
 
 
+def queries_of(rows: list[dict], history: int) -> list:
+    """An episode's transitions as experience-model queries, as its examples were built: the real
+    state, action and `history` steps before. Modules import it as `from conftest import ...`."""
+    from dreamgym.envs.dynamics import Query
+    from dreamgym.experience.examples import history_of
+    from dreamgym.state import parse_state
+
+    return [
+        Query(
+            row["instruction"],
+            parse_state(row["state"]),
+            row["action"],
+            tuple(history_of(rows, index, history)),
+            row["trajectory_id"],
+        )
+        for index, row in enumerate(rows)
+    ]
+
+
 @pytest.fixture(scope="session")
 def games_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("games")

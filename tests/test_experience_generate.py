@@ -9,14 +9,14 @@ import json
 import pytest
 import torch
 from conftest import TINY_EXPERIENCE as TINY
+from conftest import queries_of
 
 from dreamgym.envs.dynamics import Query, Step
-from dreamgym.experience.examples import history_of
 from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, trained_settings
 from dreamgym.lm.model import load_model
-from dreamgym.state import AbstractState, item_name, parse_state
+from dreamgym.state import AbstractState, item_name
 
 
 def test_a_model_trained_on_another_prompt_format_is_refused(tmp_path):
@@ -87,25 +87,11 @@ def test_a_transition_is_foreseeable_when_the_prompt_names_everything_in_its_nex
     assert foreseeable(query("go east", (Step("go west", 0, "pantry"),)), AbstractState("pantry", (), (), ()))
 
 
-def _queries(rows: list[dict]) -> list[Query]:
-    """Queries as the examples were built: real state, action and history."""
-    return [
-        Query(
-            row["instruction"],
-            parse_state(row["state"]),
-            row["action"],
-            tuple(history_of(rows, index, TINY.history)),
-            row["trajectory_id"],
-        )
-        for index, row in enumerate(rows)
-    ]
-
-
 def test_a_batch_comes_back_parsed_or_as_explicit_failures(tiny_experience, first_episode):
     model, tokenizer = load_model(tiny_experience.model_dir)
     experience = ExperienceModel(model, tokenizer, TINY)
     batch = first_episode[:8]
-    predictions = experience.predict(_queries(batch))
+    predictions = experience.predict(queries_of(batch, TINY.history))
     assert len(predictions) == len(batch)
     for prediction in predictions:
         if prediction.ok:
@@ -125,7 +111,7 @@ def test_rows_that_finished_leave_the_batch_and_the_others_write_the_same_tokens
 
     model, tokenizer = load_model(tiny_experience.model_dir)
     experience = ExperienceModel(model, tokenizer, TINY)
-    queries = _queries(first_episode[:8])
+    queries = queries_of(first_episode[:8], TINY.history)
     prompts = experience.prompts(queries)
     states = [query.state for query in queries]
     monkeypatch.setattr(generate, "COMPACT_AFTER", 10_000)  # one call for the whole batch
@@ -146,7 +132,7 @@ def test_an_untrained_model_fails_explicitly(tiny_experience, first_episode):
     _, tokenizer = load_model(tiny_experience.model_dir)
     untrained = init_model(tokenizer, TINY, seed=1)
     experience = ExperienceModel(untrained, tokenizer, dataclasses.replace(TINY, max_new_tokens=16))
-    predictions = experience.predict(_queries(first_episode[:4]))
+    predictions = experience.predict(queries_of(first_episode[:4], TINY.history))
     assert not any(p.ok for p in predictions)
     assert all(p.error and p.attempts == TINY.retries + 1 for p in predictions)
 

@@ -7,12 +7,12 @@ import dataclasses
 import json
 
 import pytest
-from conftest import TINY_EXPERIENCE
+from conftest import TINY_EXPERIENCE, queries_of
 
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dynamics import Completion, Query, Step
-from dreamgym.experience.examples import build_examples, history_of, load_kept_names, save_examples
+from dreamgym.experience.examples import build_examples, load_kept_names, save_examples
 from dreamgym.experience.format import FormatError, parse_completion, with_real_names
 from dreamgym.experience.generate import (
     SETTINGS_FILE,
@@ -185,19 +185,6 @@ def test_examples_name_no_game_specific_object_and_read_back_to_the_real_step(ro
         ExperienceConfig(neighbours=3, retrieval_pool=2)
 
 
-def _queries(rows: list[dict]) -> list[Query]:
-    return [
-        Query(
-            row["instruction"],
-            parse_state(row["state"]),
-            row["action"],
-            tuple(history_of(rows, index, TINY.history)),
-            row["trajectory_id"],
-        )
-        for index, row in enumerate(rows)
-    ]
-
-
 def _exact(predictions, rows) -> float:
     return sum(
         p.ok and p.completion.next_state == parse_state(row["next_state"]) for p, row in zip(predictions, rows)
@@ -215,7 +202,7 @@ def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_epi
     foods = {name for row in first_episode for name in Placeholders.of_row(kept, row).mapping}
     unseen = Renamer({name: f"zelmor {name}" for name in foods})
     renamed = [unseen.row(row) for row in first_episode]
-    queries, renamed_queries = _queries(first_episode), _queries(renamed)
+    queries, renamed_queries = queries_of(first_episode, TINY.history), queries_of(renamed, TINY.history)
 
     # The model is shown the same states and actions (only a recipe's ingredient that no state
     # shows yet keeps its name, in the task), and writes the steps in the new names.

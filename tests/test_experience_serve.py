@@ -18,13 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
+from conftest import queries_of
 
 from dreamgym.config import PipelineConfig
-from dreamgym.envs.dynamics import Query
-from dreamgym.experience.examples import history_of
 from dreamgym.experience.generate import ExperienceBackendError, RemoteExperienceModel, open_experience_model
 from dreamgym.lm.model import device_and_dtype
-from dreamgym.state import parse_state
 
 STEPS = 4  # transitions asked: the first one fails to parse, so a sampled retry goes over HTTP too
 START_TIMEOUT = 120  # seconds; the tiny model loads in ~6 s on 2 CPU cores
@@ -93,19 +91,6 @@ def rows(first_episode) -> list[dict]:
     return first_episode[:STEPS]
 
 
-def _queries(rows: list[dict]) -> list[Query]:
-    return [
-        Query(
-            row["instruction"],
-            parse_state(row["state"]),
-            row["action"],
-            tuple(history_of(rows, index, TINY.history)),
-            row["trajectory_id"],
-        )
-        for index, row in enumerate(rows)
-    ]
-
-
 def _settings(backend_url: str = "", backend_model: str = "", **experience_settings) -> PipelineConfig:
     # The server decodes freely (no constrained decoding there): so does the local model compared.
     experience = dataclasses.replace(TINY, constrained_decoding=False, **experience_settings)
@@ -118,7 +103,7 @@ def _settings(backend_url: str = "", backend_model: str = "", **experience_setti
 
 def test_predictions_from_transformers_serve_are_the_local_ones(tiny_experience, served, rows, tmp_path):
     model_dir = tiny_experience.model_dir
-    queries = _queries(rows)
+    queries = queries_of(rows, TINY.history)
     # Both built as the pipeline builds them, the served one reading its prompt shape from model_dir.
     with open_experience_model(model_dir, tmp_path, _settings()) as local:
         expected = local.predict(queries)
@@ -138,7 +123,7 @@ def test_sampled_retries_over_http_are_seeded_like_the_local_ones(tiny_experienc
     # different seeds draw different completions (within a few tokens: short ones are enough).
     short = {"max_new_tokens": 24}
     with open_experience_model(tiny_experience.model_dir, tmp_path, _settings(**short)) as local:
-        prompt = local.prompts(_queries(rows))[0] + " fridge carrot"
+        prompt = local.prompts(queries_of(rows, TINY.history))[0] + " fridge carrot"
         expected = [local.generate([prompt], sample=True, attempt=attempt)[0] for attempt in (1, 2)]
     remote = RemoteExperienceModel(_settings(served, str(tiny_experience.model_dir), **short).experience)
     drawn = [remote.generate([prompt], sample=True, attempt=attempt)[0] for attempt in (1, 2, 1)]

@@ -183,11 +183,16 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     assert [v.version for v in client.search_model_versions("name = 'dreamgym-experience'")] == ["1"]
     # Artifacts went up through the server into its artifact store, and come back down.
     assert parent.info.artifact_uri.startswith("mlflow-artifacts:")
+    from dreamgym.lineage import lineage
+
     mlflow.set_tracking_uri(tracking)
     try:
         summary = mlflow.artifacts.load_dict(f"runs:/{parent.info.run_id}/summary.json")
+        links = lineage("models:/dreamgym-policy/1")  # lineage reads the server as it reads a file store
     finally:
         mlflow.set_tracking_uri(None)
+    assert [link.kind for link in links] == ["policy", "experience-model", "data", "pipeline"]
+    assert links[3].facts["run"] == parent.info.run_id
     assert any((stack.dir / "mlflow-artifacts").rglob("summary.json"))
 
     # The buffer: in the stack's Postgres, every validated row once, as the pipeline's own role.

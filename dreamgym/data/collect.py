@@ -171,6 +171,18 @@ def collection_metadata(games: Sequence[Path], settings: CollectionSettings) -> 
     return {"collection": asdict(settings), "games": _games_digest(games), "format": 2}
 
 
+def plan_collection(
+    games: Sequence[str | Path], out: Path, settings: CollectionSettings
+) -> tuple[list[Path], dict, CollectionResult | None]:
+    """The checked game files, the metadata a collection of them writes, and the collection
+    already at `out` made the same way (None: collect it) — for `collect` and its pieces alike."""
+    checked = [check_game_file(game) for game in games]
+    if not checked:
+        raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
+    metadata = collection_metadata(checked, settings)
+    return checked, metadata, reused_collection(out, metadata)
+
+
 def reused_collection(out: Path, metadata: dict) -> CollectionResult | None:
     """The collection already at `out`, if it was made as `metadata` says; else None."""
     if out.exists() and read_metadata(out) == metadata:
@@ -203,12 +215,9 @@ def collect(
 
     An existing file made from the same games and settings is reused, not collected again.
     """
-    games = [check_game_file(game) for game in games]
-    if not games:
-        raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
     out = Path(out)
-    metadata = collection_metadata(games, settings)
-    if reused := reused_collection(out, metadata):
+    games, metadata, reused = plan_collection(games, out, settings)
+    if reused:
         return reused
 
     started = time.perf_counter()

@@ -79,10 +79,15 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def _read_state(stack_dir: Path) -> dict[str, int]:
+    """Service name → the process id it was started with."""
+    path = stack_dir / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def recorded_services(stack_dir: str | Path) -> set[str]:
     """The services the stack folder records as started (running or not)."""
-    path = Path(stack_dir) / STATE_FILE
-    return set(json.loads(path.read_text())) if path.exists() else set()
+    return set(_read_state(Path(stack_dir)))
 
 
 class Stack:
@@ -107,8 +112,7 @@ class Stack:
 
     # -- state -----------------------------------------------------------------------------------
     def _state(self) -> dict[str, int]:
-        path = self.dir / STATE_FILE
-        return json.loads(path.read_text()) if path.exists() else {}
+        return _read_state(self.dir)
 
     def _save_state(self, state: dict[str, int]) -> None:
         path = self.dir / STATE_FILE
