@@ -80,17 +80,12 @@ def run(
         table.add_row(label, value)
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)  # a log file gets whole rows
     out.print(table)
+    # A shared server shows its UI at its own address; the embedded stores need a UI started.
     tracking, prefect_api = services["MLFLOW_TRACKING_URI"], os.environ.get("PREFECT_API_URL")
-    out.print(  # a shared server has its UI at its own address; the embedded stores need one started
-        "MLflow UI:  "
-        + (tracking if tracking.startswith("http") else f"mlflow ui --backend-store-uri {tracking}")
-        + "\nPrefect UI: "
-        + (
-            prefect_api.removesuffix("/api")
-            if prefect_api
-            else f"PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
-        )
-    )
+    mlflow_ui = tracking if tracking.startswith("http") else f"mlflow ui --backend-store-uri {tracking}"
+    prefect_ui = prefect_api.removesuffix("/api") if prefect_api else None
+    prefect_ui = prefect_ui or f"PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
+    out.print(f"MLflow UI:  {mlflow_ui}\nPrefect UI: {prefect_ui}")
 
 
 @app.command()
