@@ -47,6 +47,20 @@ TINY_EXPERIENCE = ExperienceConfig(
 )
 
 
+def free_ports(count: int = 1) -> list[int]:
+    """Ports nothing listens on now (all distinct: held open together while asked for)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for each in sockets:
+            each.bind(("127.0.0.1", 0))
+        return [each.getsockname()[1] for each in sockets]
+    finally:
+        for each in sockets:
+            each.close()
+
+
 def queries_of(rows: list[dict], history: int) -> list:
     """An episode's transitions as experience-model queries, as its examples were built: the real
     state, action and `history` steps before. Modules import it as `from conftest import ...`."""

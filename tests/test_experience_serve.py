@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
-from conftest import queries_of
+from conftest import free_ports, queries_of
 
 from dreamgym.config import PipelineConfig
 from dreamgym.experience.generate import ExperienceBackendError, RemoteExperienceModel, open_experience_model
@@ -28,18 +27,12 @@ STEPS = 4  # transitions asked: the first one fails to parse, so a sampled retry
 START_TIMEOUT = 120  # seconds; the tiny model loads in ~6 s on 2 CPU cores
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tiny_experience, tmp_path_factory) -> Iterator[str]:
     """The base URL (…/v1) of `transformers serve` serving the tiny model, up and healthy; the
     server is stopped when the module's tests are done, passed or not."""
     device, dtype = device_and_dtype()
-    port = _free_port()
+    [port] = free_ports()
     log = tmp_path_factory.mktemp("transformers-serve") / "serve.log"
     command = [
         sys.executable,

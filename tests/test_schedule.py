@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_ports
 
 from dreamgym.errors import DreamgymError
 from dreamgym.schedule import DeploymentSpec, deployment_options, load_deployment, load_flow
@@ -277,7 +278,6 @@ def test_serve_refuses_a_params_file_the_deployment_does_not_run(restored_enviro
 def test_serve_without_a_server_starts_one_with_a_scheduler_and_stops_it(restored_environ, monkeypatch, tmp_path):
     """No PREFECT_API_URL: `dreamgym serve` starts a Prefect server (its own, in the run
     directory's Prefect home), serves against it, and stops it when serving ends."""
-    import socket
 
     from prefect import Flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -286,9 +286,7 @@ def test_serve_without_a_server_starts_one_with_a_scheduler_and_stops_it(restore
     from dreamgym.cli import app
     from dreamgym.schedule import _healthy
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    [port] = free_ports()
     seen = {}
 
     def serve(self, **kwargs):

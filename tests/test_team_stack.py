@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_ports
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,19 +25,8 @@ OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 DEPLOYMENT = "dreamgym-pipeline/nightly"
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for each in sockets:
-            each.bind(("127.0.0.1", 0))
-        return [each.getsockname()[1] for each in sockets]
-    finally:
-        for each in sockets:
-            each.close()
-
-
 def _write_env_file(path: Path) -> dict[str, str]:
-    ports = _free_ports(5)
+    ports = free_ports(5)
     values = {
         "POSTGRES_PASSWORD": "admin-" + secrets.token_hex(8),
         "DREAMGYM_DB_PASSWORD": "pipeline-" + secrets.token_hex(8),
@@ -311,7 +300,7 @@ def test_the_compose_file_runs_what_the_process_stack_runs():
 def test_a_server_that_is_down_at_start_is_named_in_one_error(tmp_path):
     """`dreamgym run` asks the servers the environment names before it starts anything."""
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    dead = _free_ports(2)
+    dead = free_ports(2)
     env = {
         **os.environ,
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{dead[0]}",

