@@ -698,7 +698,10 @@ class ComputeConfig:
         _help(
             "task_runner ray: 'local' starts a Ray on this machine for the run, with ray_workers CPUs; "
             "'auto' joins the cluster `ray start` runs here (or the one RAY_ADDRESS names); "
-            "'ray://HOST:10001' a remote cluster's Ray Client port. A remote cluster's workers need the "
+            "'HOST:6379' the cluster whose head's GCS is there, from a machine of that cluster (the "
+            "stack's client.env names this); 'ray://HOST:10001' its Ray Client port, from outside the "
+            "cluster (Ray 2.60's client now and then fails to start: ray-project/ray#63202). A remote "
+            "cluster's workers need the "
             "project installed, data_dir and outputs_dir on a shared filesystem at the same paths, and "
             "PREFECT_API_URL naming a Prefect server they can reach."
         ),

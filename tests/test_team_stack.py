@@ -96,6 +96,29 @@ def _task_state(task_name: str) -> str | None:
     return states[-1] if states else None
 
 
+def _flow_run_state(flow_run_id):
+    import asyncio
+
+    from prefect import get_client
+
+    async def read():
+        async with get_client() as client:
+            return (await client.read_flow_run(flow_run_id)).state
+
+    return asyncio.run(read())
+
+
+def _logs_tail(stack, chars: int = 3000) -> str:
+    """The end of the worker's log (the flow run's own output) and of the Ray head's, for a failure
+    message that says where a run stopped."""
+    tails = []
+    for service in ("prefect-worker", "ray"):
+        path = stack.log_path(service)
+        if path.exists():
+            tails.append(f"--- {service} log ---\n{path.read_text(errors='replace')[-chars:]}")
+    return "\n".join(tails)
+
+
 def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares_its_registry(
     team, train_games, test_games, tmp_path
 ):
@@ -124,7 +147,10 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
         # rest of the run talks to the restarted server through its clients' retries.
         deadline = time.monotonic() + 600
         while _task_state("upsert-buffer") != "Completed":
-            assert time.monotonic() < deadline, "the worker did not get the run to the buffer in 10 min"
+            state = _flow_run_state(flow_run.id)
+            assert not state.is_final() and time.monotonic() < deadline, (
+                f"the run did not reach the buffer: {state.name} {state.message or ''}\n{_logs_tail(stack)}"
+            )
             time.sleep(2)
         stack.stop("mlflow", kill=True)
         time.sleep(2)
@@ -145,7 +171,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
 
         finished = asyncio.run(wait())
     worker_log = stack.log_path("prefect-worker").read_text(errors="replace")
-    assert finished.state.is_completed(), f"{finished.state}\n{worker_log[-3000:]}"
+    assert finished.state.is_completed(), f"{finished.state}\n{_logs_tail(stack)}"
     # ... run by the worker, from the deployment.
     assert finished.deployment_id is not None and finished.work_pool_name == stack.settings.work_pool
     assert str(finished.id) in worker_log

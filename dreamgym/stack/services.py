@@ -26,6 +26,7 @@ PREFECT_SERVER = "prefect-server"
 PREFECT_WORKER = "prefect-worker"
 RAY = "ray"
 ORDER = (POSTGRES, MLFLOW, PREFECT_SERVER, PREFECT_WORKER, RAY)  # start order; stop is the reverse
+_ALL_INTERFACES = ("0.0.0.0", "::")  # a bind address, not one a client can dial
 
 # The pipeline's database role and its database (infra/postgres/init.sh creates both).
 PIPELINE_ROLE = "dreamgym"
@@ -83,8 +84,12 @@ def prefect_api_url(settings: StackSettings) -> str:
 
 
 def ray_address(settings: StackSettings) -> str:
-    """The Ray client address a driver on another machine (or this one) connects to."""
-    return f"ray://{settings.host}:{settings.ray_client_port}"
+    """The address a driver on a machine of the cluster (the head's, as the stack's worker is) joins
+    by: the head's GCS port. Not the Ray Client port (`ray://HOST:RAY_CLIENT_PORT`, for drivers
+    outside the cluster): Ray 2.60's client proxier now and then loses the server it starts for a
+    client, when that process forks while gRPC threads run (ray-project/ray#63202), and the run
+    fails at its first Ray task."""
+    return f"{settings.host}:{settings.ray_port}"
 
 
 RAY_TOKEN_FILE = "ray-auth-token"
@@ -206,6 +211,10 @@ def stack_services(
                     "--ray-client-server-port",
                     str(settings.ray_client_port),
                     *(("--num-cpus", str(ray_cpus)) if ray_cpus else ()),  # Ray counts them itself otherwise
+                    # A driver finds its node by the address it dialled the head at: on a stack that
+                    # listens on one address, the node is that address (Ray's own guess is the
+                    # machine's outward IP). Listening on all interfaces (a container), Ray guesses.
+                    *(("--node-ip-address", settings.host) if settings.host not in _ALL_INTERFACES else ()),
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                 ),
