@@ -83,8 +83,9 @@ def row_result(name: str, seed: int, policy: Mapping, wall_seconds: float) -> di
     trained policy's; real and synthetic transitions are those its training consumed.
 
     `train_seconds` is the training's own time, kept with the model; `wall_seconds` is this call's.
-    A row whose policy was `reused` (trained by an earlier, interrupted bench in the same project)
-    has a short wall time: its training time is the one to read."""
+    A row whose policy was `reused` (trained earlier: by an interrupted bench in the same project,
+    or by another row of this one, as DreamGym's by the `bc` row) has a short wall time: its
+    training time is the one to read."""
     evaluations = {e["name"]: e for e in policy["evaluations"]}
     rl = policy["rl"]
     if name == BC:

@@ -346,6 +346,8 @@ def train_policy(
         log_dataset(ingested.validated_path, data_md5, ingested.dvc_file)
         stages = Stages()
         bc = stages.run(bc_task, ingested.validated_path, str(bc_dir), config)
+        # A cache hit hands back the earlier run's result, `reused` as that run saw it.
+        bc = dataclasses.replace(bc, reused=bc.reused or stages.was_cached(bc_task))
 
         phase = dream_phase(config) if config.rl.env == "dream" else config
         rl_key = _key(
@@ -370,6 +372,8 @@ def train_policy(
         else:
             rl = stages.run(real_rl_task, bc.bc, str(rl_dir), train_games_dir, config.rl.real_budget, config)
         final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
+        # Whether the last training phase was done by an earlier run (a bench goes on from there).
+        trained_before = rl.reused or stages.was_cached(dream_rl_task if config.rl.env == "dream" else real_rl_task)
         curves = [
             plot_learning_curves(
                 rl.history, rl_dir / "learning_curves.png", f"{config.rl.algorithm} in {config.rl.env}"
@@ -386,6 +390,7 @@ def train_policy(
                 prefix="s2r_",
             )
             final, real_used, s2r_seconds = s2r.policy_dir, real_used + s2r.real_transitions, s2r.seconds
+            trained_before = s2r.reused or stages.was_cached(real_rl_task)
             curves.append(
                 plot_learning_curves(
                     s2r.history,
@@ -461,7 +466,7 @@ def train_policy(
                 synthetic_transitions=rl.synthetic_transitions,
                 seconds=rl.seconds,
                 s2r_seconds=s2r_seconds,
-                reused=rl.reused,
+                reused=trained_before,
             ),
             evaluations=evals,
             train_evaluations=train_evals,

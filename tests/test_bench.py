@@ -29,17 +29,28 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
             rows=ROWS,
             overrides=OVERRIDES,
         )
-    returned = bench(
-        str(project / "params.yaml"),
-        str(project / "data" / "games" / "test"),
-        str(out),
-        seeds=[0],
-        real_budget=BUDGET,
-        rows=ROWS,
-        overrides=OVERRIDES,
-        held_out=1,
-    )
+
+    def run(rows):
+        return bench(
+            str(project / "params.yaml"),
+            str(project / "data" / "games" / "test"),
+            str(out),
+            seeds=[0],
+            real_budget=BUDGET,
+            rows=rows,
+            overrides=OVERRIDES,
+            held_out=1,
+        )
+
+    # A bench cut off after its first two rows, then run again in full: it goes on from the rows
+    # it finished (their trained policies reused, the same figures) and trains the others.
+    cut_off = run(ROWS[:2])
+    assert not any(row["reused"] for row in cut_off), "a fresh project trains every row"
+    returned = run(ROWS)
     rows = json.loads(out.read_text())
+    # DreamGym's policy is the one the `bc` row trained too (the bc row is DreamGym's run, read at BC).
+    assert [row["reused"] for row in rows] == [True, True, True, False, False]
+    assert [row["success_rate"] for row in rows[:2]] == [row["success_rate"] for row in cut_off]
     assert rows == json.loads(json.dumps(returned))
     assert [row["name"] for row in rows] == ROWS
     by_name = {row["name"]: row for row in rows}
@@ -61,13 +72,14 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
     # The ablation trained its own experience model (no retrieval) and its own policy from it.
     assert by_name["no-retrieval"]["policy_dir"] != by_name["dreamgym-grpo"]["policy_dir"]
     assert by_name["no-retrieval"]["synthetic_transitions"] > 0
-    assert not any(row["reused"] for row in rows), "a fresh project trains every row"
 
     assert out.with_suffix(".md").read_text().startswith("| row | seed | success")
     assert out.with_suffix(".png").stat().st_size > 0
     client = MlflowClient()
-    [parent] = client.search_runs(
-        [client.get_experiment_by_name("dreamgym").experiment_id], "tags.`dreamgym.stage` = 'bench'"
+    parent, _cut_off = client.search_runs(
+        [client.get_experiment_by_name("dreamgym").experiment_id],
+        "tags.`dreamgym.stage` = 'bench'",
+        order_by=["attributes.start_time DESC"],
     )
     artifacts = {item.path for item in client.list_artifacts(parent.info.run_id, "bench")}
     assert {"bench/bench.json", "bench/bench.md", "bench/bench.png", "bench/targets.json"} <= artifacts
