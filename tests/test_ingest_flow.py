@@ -220,7 +220,13 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     version = client.get_model_version(POLICY, "1")
     assert version.tags["experience_model"] == first.model
     again = train_policy(config, ingested, second, str(project))
-    assert (again.rl, again.model, again.evaluations) == (policy.rl, policy.model, policy.evaluations)
+    # The same policy and figures, and the rerun says its training was done before.
+    assert not policy.rl.reused and again.rl.reused and again.bc.reused
+    assert (again.rl, again.model, again.evaluations) == (
+        dataclasses.replace(policy.rl, reused=True),
+        policy.model,
+        policy.evaluations,
+    )
     assert len(client.search_model_versions(f"name = '{POLICY}'")) == 1
 
 
