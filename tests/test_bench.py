@@ -19,18 +19,8 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
 
     project = make_project(tmp_path / "project", train_games, test_games)
     out = tmp_path / "bench" / "bench.json"
-    with pytest.raises(DreamgymError, match="holds 1 games, the bench evaluates 100"):
-        bench(
-            str(project / "params.yaml"),
-            str(project / "data" / "games" / "test"),
-            str(out),
-            seeds=[0],
-            real_budget=BUDGET,
-            rows=ROWS,
-            overrides=OVERRIDES,
-        )
 
-    def run(rows):
+    def run(rows, held_out=1):
         return bench(
             str(project / "params.yaml"),
             str(project / "data" / "games" / "test"),
@@ -39,8 +29,11 @@ def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefe
             real_budget=BUDGET,
             rows=rows,
             overrides=OVERRIDES,
-            held_out=1,
+            held_out=held_out,
         )
+
+    with pytest.raises(DreamgymError, match="holds 1 games, the bench evaluates 100"):
+        run(ROWS, held_out=100)
 
     # A bench cut off after its first two rows, then run again in full: it goes on from the rows
     # it finished (their trained policies reused, the same figures) and trains the others.
