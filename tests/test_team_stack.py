@@ -7,6 +7,7 @@ run from a second checkout sees the registry the first one filled."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -83,8 +84,6 @@ def _prefect(stack):
 def _task_state(task_name: str) -> str | None:
     """The state of the latest run of the task (the stack's server holds this test's runs only).
     Every read names its sort: Prefect 3.8.8's client sends `null` otherwise, which the server refuses."""
-    import asyncio
-
     from prefect import get_client
     from prefect.client.schemas.sorting import TaskRunSort
 
@@ -96,14 +95,12 @@ def _task_state(task_name: str) -> str | None:
     return states[-1] if states else None
 
 
-def _flow_run_state(flow_run_id):
-    import asyncio
-
+def _flow_run(flow_run_id):
     from prefect import get_client
 
     async def read():
         async with get_client() as client:
-            return (await client.read_flow_run(flow_run_id)).state
+            return await client.read_flow_run(flow_run_id)
 
     return asyncio.run(read())
 
@@ -147,7 +144,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
         # rest of the run talks to the restarted server through its clients' retries.
         deadline = time.monotonic() + 600
         while _task_state("upsert-buffer") != "Completed":
-            state = _flow_run_state(flow_run.id)
+            state = _flow_run(flow_run.id).state
             assert not state.is_final() and time.monotonic() < deadline, (
                 f"the run did not reach the buffer: {state.name} {state.message or ''}\n{_logs_tail(stack)}"
             )
@@ -156,20 +153,9 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
         time.sleep(2)
         stack.start("mlflow")
 
-        from prefect import get_client
-
-        async def wait():
-            async with get_client() as client:
-                while True:
-                    run = await client.read_flow_run(flow_run.id)
-                    if run.state.is_final():
-                        return run
-                    assert time.monotonic() < deadline, "the deployment run did not finish in 10 min"
-                    await asyncio.sleep(2)
-
-        import asyncio
-
-        finished = asyncio.run(wait())
+        while not (finished := _flow_run(flow_run.id)).state.is_final():
+            assert time.monotonic() < deadline, "the deployment run did not finish in 10 min"
+            time.sleep(2)
     worker_log = stack.log_path("prefect-worker").read_text(errors="replace")
     assert finished.state.is_completed(), f"{finished.state}\n{_logs_tail(stack)}"
     # ... run by the worker, from the deployment.
