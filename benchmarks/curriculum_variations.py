@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from dreamgym.benchmark import machine
 from dreamgym.curriculum import check_variation, state_verbs
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.variations import seed_tasks, write_variations
@@ -71,6 +72,7 @@ def main() -> None:
         "accepted": kinds["accepted"],
         "verdicts": dict(kinds.most_common()),
         "seconds": round(seconds, 1),
+        "machine": machine(),
         "examples": examples,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
