@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/synthetic_env.py [--model dreamgym-experience] [--batches 1 8 32 64]
         [--steps 4] [--repeats 3] [--json benchmarks/results/synthetic_env-<date>.json]
-        [--log benchmarks/results/synthetic_rollout-<date>.md]
+        [--log benchmarks/results/synthetic_rollout-<date>.md] [--policy outputs/policy/bc-*/bc/model]
 
 For each batch size B: B DreamEnvs on seed tasks (real initial states of the training data), each
 step of all B taken with one `step_together` call (one batched generation), `--steps` steps with
@@ -10,6 +10,12 @@ seeded random available actions (an episode the model ends starts again on its t
 synthetic transitions/s (steps the model predicted, failures included, per second of wall time),
 median of --repeats, and the parse-failure rate. In the same run, real TextWorld steps/s on the
 training games with the same kind of policy.
+
+With `--policy`, also the RL inner loop as GRPO runs it: for each batch size B, B/4 seed tasks
+played by groups of 4 rollouts (rl.group_size) with that policy sampling at temperature 1, to
+the end of the episodes (rl.max_steps at most); synthetic transitions/s counts the DreamEnv steps and their time only (the
+policy's choices are timed apart). Rollouts of a group start from one state and often take the
+same first moves, which the experience model then predicts once.
 
 `--log` writes short rollouts for reading: a real successful episode of a training game and one of
 a held-out game (outputs/experience/fidelity_real.parquet, made by the train-experience flow)
@@ -58,6 +64,40 @@ def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict
         "transitions": predicted,
         "seconds": seconds,
         "per_s": predicted / seconds,
+        "failures": sum(env.failures for env in envs),
+    }
+
+
+def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, group: int = 4) -> dict:
+    """DreamEnv steps/s in GRPO's rollouts: batch // group tasks, `group` rollouts each."""
+    import torch
+
+    import dreamgym.rl.rollout as rollout
+
+    timed, step = [0.0], rollout._step
+
+    def timed_step(envs, actions):
+        started = time.perf_counter()
+        try:
+            return step(envs, actions)
+        finally:
+            timed[0] += time.perf_counter() - started
+
+    slots = [tasks[(seed * batch + n // group) % len(tasks)] for n in range(batch)]
+    envs = [DreamEnv(experience, max_steps=steps, slot=slot, record=False) for slot in range(len(slots))]
+    rollout._step = timed_step
+    try:
+        started = time.perf_counter()
+        rollout.play(policy, envs, slots, generator=torch.Generator().manual_seed(seed), temperature=1.0)
+        total = time.perf_counter() - started
+    finally:
+        rollout._step = step
+    predicted = sum(env.model_steps for env in envs)
+    return {
+        "transitions": predicted,
+        "env_seconds": timed[0],
+        "policy_seconds": total - timed[0],
+        "per_s": predicted / timed[0],
         "failures": sum(env.failures for env in envs),
     }
 
@@ -135,6 +175,7 @@ def main() -> None:
     parser.add_argument("--real-games", type=int, default=8)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--log", type=Path)
+    parser.add_argument("--policy", type=Path, help="a saved policy: also measure GRPO's grouped rollouts")
     args = parser.parse_args()
 
     setup = model_setup(args.params, args.model)
@@ -168,6 +209,25 @@ def main() -> None:
                 f"transitions/s, failures {report['synthetic'][batch]['failure_rate']:.1%}",
                 flush=True,
             )
+        if args.policy:
+            from dreamgym.policy.model import load_policy
+
+            policy = load_policy(args.policy, config.policy)
+            report["grouped"] = {}
+            for batch in (b for b in args.batches if b >= 4):
+                runs = [
+                    grouped_rate(experience, policy, tasks, batch, config.rl.max_steps, seed)
+                    for seed in range(args.repeats)
+                ]
+                report["grouped"][batch] = {
+                    "transitions_per_s": statistics.median(run["per_s"] for run in runs),
+                    "runs": runs,
+                }
+                print(
+                    f"batch {batch:3d}, GRPO groups of 4 with the policy: "
+                    f"{report['grouped'][batch]['transitions_per_s']:.2f} synthetic transitions/s",
+                    flush=True,
+                )
         if args.log:
             args.log.parent.mkdir(parents=True, exist_ok=True)
             held_out = read_transitions(
@@ -188,7 +248,7 @@ def main() -> None:
     if 1 in rates:
         report["speedup_over_batch_1"] = {b: rate / rates[1] for b, rate in rates.items()}
     print(f"real TextWorld: {report['real_steps_per_s']:.1f} steps/s")
-    print(json.dumps({k: v for k, v in report.items() if k not in ("synthetic", "real_runs")}, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("synthetic", "grouped", "real_runs")}, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -140,6 +140,28 @@ def test_batched_and_one_by_one_retrieval_agree(filled, offline_vectors):
     ]
 
 
+def test_rows_read_once_come_from_the_cache_and_each_hit_is_its_own_copy(filled, offline_rows, offline_vectors):
+    from dreamgym.buffer.db import RowCache
+
+    filled.rows = RowCache()
+    queries = offline_vectors[:4]
+    first = search(filled, queries, k=6)
+    cached = len(filled.rows._rows)
+    assert 6 <= cached <= 24  # every row returned, once
+    first[0][0].transition["action"] = "changed by a caller"
+    again = search(filled, queries, k=6)
+    assert len(filled.rows._rows) == cached  # nothing new was read
+    assert [[n.transition for n in hits] for hits in again][1:] == [[n.transition for n in hits] for hits in first][1:]
+    by_hash = {row["content_hash"]: row for row in offline_rows}
+    assert again[0][0].transition["action"] == by_hash[again[0][0].transition["content_hash"]]["action"]
+    # The least recently used rows leave a full cache.
+    small = RowCache(capacity=2)
+    small.add({1: {"a": 1}, 2: {"a": 2}})
+    assert small.known([1]) == {1: {"a": 1}}
+    small.add({3: {"a": 3}})
+    assert small.known([1, 2, 3]) == {1: {"a": 1}, 3: {"a": 3}}
+
+
 def test_filters_are_honoured(filled, offline_rows, offline_vectors):
     query, row = offline_vectors[3:4], offline_rows[3]
     [hits] = search(filled, query, k=10, filters=Filters(exclude_trajectory_ids=(row["trajectory_id"],)))

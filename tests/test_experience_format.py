@@ -35,6 +35,7 @@ from dreamgym.experience.format import (
     applied,
     apply_delta,
     example_changes,
+    example_outcomes,
     example_traces,
     format_completion,
     format_prompt,
@@ -44,6 +45,7 @@ from dreamgym.experience.format import (
     state_delta,
     task_says,
 )
+from dreamgym.experience.generate import copied_completion
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names
 from dreamgym.renaming import Renamer, invented_names
@@ -422,6 +424,23 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
         assert parsed.reasoning == trace
     assert pointing > len(rows) / 4, pointing  # repeated steps across episodes show their answer
     assert tracing > pointing, (tracing, pointing)  # a trace carries further than a change
+
+
+def test_the_copy_of_the_first_example_is_the_completion_learned_where_that_example_is_the_answer(
+    filled, encoder, rows
+):
+    # The draft that generation checks first (generate.verified_drafts) must be the text the model
+    # learned to write when it copies, or the check would never hold.
+    examples = build_examples(filled, encoder, rows, ExperienceConfig(placeholders=False), ef_search=100, batch=64)
+    copied = 0
+    for example in examples:
+        change, (reward, done) = example_changes(example.prompt)[0], example_outcomes(example.prompt)[0]
+        named = "<next_state>\nno change\n" if change == "no change" else "<next_state>\nsame as example 1\n"
+        outcome = f"<reward>{reward:g}</reward>\n<done>{str(done).lower()}</done>"
+        if all(part in example.completion for part in ("<reasoning>same as example 1</reasoning>", named, outcome)):
+            copied += 1
+            assert copied_completion(example.prompt, reasoning=True) == example.completion
+    assert copied > len(examples) / 4, copied
 
 
 def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows):

@@ -297,3 +297,34 @@ def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experien
     # A reasoning that names a worked example states what that example's trace states.
     assert decoded("same as example 1", traces=(lost,)) == "\n<reward>0</reward>\n<done>true</done>"
     assert decoded("same as example 2", traces=(lost,)) == tail  # no such example: the parser says so
+
+
+def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, first_episode, monkeypatch):
+    import dreamgym.experience.generate as generate
+
+    model, tokenizer = load_model(tiny_experience.model_dir)
+    experience = ExperienceModel(model, tokenizer, TINY)
+    queries = queries_of(first_episode, TINY.history)
+    written = experience.generate(experience.prompts(queries), states=[query.state for query in queries])
+    # Written token by token (this model shows no examples); the completions that end as they should.
+    ended = [index for index, text in enumerate(written) if text.endswith("<done>false</done>")][:8]
+    assert len(ended) == 8, written
+    queries, written = [queries[i] for i in ended], [written[i] for i in ended]
+    prompts, states = experience.prompts(queries), [query.state for query in queries]
+    # Every other draft is what the model wrote, the rest differ from it at the very end.
+    drafts = {
+        prompt: text if index % 2 == 0 else text.replace("<done>false</done>", "<done>true</done>")
+        for index, (prompt, text) in enumerate(zip(prompts, written))
+    }
+    monkeypatch.setattr(generate, "copied_completion", lambda prompt, reasoning: drafts[prompt])
+    monkeypatch.setattr(generate, "VERIFY_CHUNK", 3)  # rows of several lengths in each forward pass
+    verified = experience.verified_drafts(prompts, states=states)
+    assert verified[1::2] == [None] * 4
+    assert verified[0::2] == written[0::2]
+    # Through generate: the drafts that hold are taken, the others written token by token, the same text.
+    monkeypatch.setattr(experience, "_drafts_checkable", lambda: True)
+    decoded = []
+    original = experience._decode
+    monkeypatch.setattr(experience, "_decode", lambda prompts, *a: decoded.append(len(prompts)) or original(prompts, *a))
+    assert experience.generate(prompts, states=states) == written
+    assert decoded == [4]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,31 @@ class DatabaseError(DreamgymError):
     """The buffer's database cannot be reached or lacks what the buffer needs."""
 
 
+class RowCache:
+    """Buffer rows by id, the `capacity` most recently used: a row never changes once written (the
+    upsert is ON CONFLICT DO NOTHING), so what was read once can be read from here. The default
+    capacity holds a default buffer's rows twice over, within ~60 MB."""
+
+    def __init__(self, capacity: int = 20_000):
+        self.capacity = capacity
+        self._rows: OrderedDict[int, dict] = OrderedDict()
+
+    def known(self, ids: Iterable[int]) -> dict[int, dict]:
+        """The rows of `ids` held here."""
+        found = {}
+        for row_id in ids:
+            row = self._rows.get(row_id)
+            if row is not None:
+                self._rows.move_to_end(row_id)
+                found[row_id] = row
+        return found
+
+    def add(self, rows: dict[int, dict]) -> None:
+        self._rows.update(rows)
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+
+
 @dataclass
 class Database:
     """An open buffer database: the engine, and the embedded server if one was started."""
@@ -41,6 +68,7 @@ class Database:
     display_url: str
     embedded: bool
     pgvector_version: tuple[int, ...] = ()
+    rows: RowCache = field(default_factory=RowCache, repr=False)  # read by retrieval
     _server: object | None = field(default=None, repr=False)
 
     def close(self) -> None:

@@ -4,6 +4,11 @@ The text embedded for a transition is defined once, in `transition_text`: the ac
 and the state without its list of available actions. That list follows from the rest of the state,
 is the longest part of it (a median of 30 actions), and would triple the encoding time on a CPU
 (measured: ~20 texts/s with it, ~60 without); the encoder would cut it at 256 word pieces anyway.
+
+The encoder computes in bf16 where the hardware does so natively (`inference_dtype`), else in
+float32. On 2 cores of an AVX512-BF16 CPU, 32 DreamEnv queries (~120 word pieces each) encode in
+0.32 s instead of 0.85 s, and each vector is at cosine >= 0.998 of its float32 self; stored and
+query vectors may come from machines of either kind.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from dreamgym.errors import DreamgymError
 
@@ -55,6 +61,16 @@ def check_embeddings(vectors: np.ndarray, dim: int, rows: int) -> np.ndarray:
     return vectors
 
 
+def inference_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the hardware computes it natively (a GPU that supports it; a CPU with AVX512-BF16
+    or AMX, which oneDNN uses), float32 elsewhere: emulated bf16 is slower than float32."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
 class Encoder:
     """A sentence-transformers model on the CPU (or a GPU when one is there), batched."""
 
@@ -69,6 +85,7 @@ class Encoder:
                 f"cannot load encoder {name!r} ({error}); use a local "
                 f"sentence-transformers folder or {DEFAULT_ENCODER!r}"
             ) from None
+        self.model.to(inference_dtype(self.model.device))
         self.name = name
         self.batch_size = batch_size
         self.dim = int(self.model.get_embedding_dimension())
@@ -77,9 +94,9 @@ class Encoder:
         """Unit-length float32 vectors, one row per text (cosine similarity = dot product)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(
-            texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
-        )
+        vectors = self.model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True, show_progress_bar=False)
+        # Normalised in float32: a bf16 norm is off by up to ~0.4%.
+        vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).cpu().numpy()
         return check_embeddings(vectors, self.dim, len(texts))
 
 

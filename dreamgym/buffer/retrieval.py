@@ -3,8 +3,12 @@
 Similarity is cosine (embeddings are unit length) through the HNSW index. A batch of queries is
 one statement: the query vectors and their filters are unnested into rows, and a LATERAL subquery
 takes each one's top k from the index (ids and distances only: when the planner prefers an exact
-scan, on a small buffer or with a large ef_search, it sorts narrow rows, and the texts are read for
-the k winners alone). Filters are bound parameters, never SQL text. With filters
+scan, on a small buffer or with a large ef_search, it sorts narrow rows). The statement returns ids
+alone, and the rows are read by id only where this open database has not read them before
+(`Database.rows`): a row never changes once written (the upsert is ON CONFLICT DO NOTHING), and
+DreamEnv's re-ranking fetches hundreds of candidates per query, the same few thousand rows again
+and again. 32 queries of 600 candidates on the default buffer: 0.37 s with every row's text, 0.12 s
+with ids alone. Filters are bound parameters, never SQL text. With filters
 the index keeps scanning until k rows pass them (pgvector >= 0.8's iterative scan), so a selective
 filter does not return fewer than k neighbours when more exist.
 """
@@ -57,7 +61,7 @@ class Neighbour:
 
 
 SEARCH_SQL = f"""
-    SELECT q.query_index, 1 - hit.distance AS similarity, {", ".join(f"t.{c}" for c in RETURNED_COLUMNS)}
+    SELECT q.query_index, 1 - hit.distance AS similarity, hit.id
     FROM unnest(%(vectors)s::vector[], %(envs)s::text[], %(sources)s::text[],
                 %(excluded_tasks)s::text[], %(excluded_trajectories)s::jsonb[])
          WITH ORDINALITY AS q(vector, env, source, excluded_task, excluded_trajectories, query_index)
@@ -72,9 +76,9 @@ SEARCH_SQL = f"""
         ORDER BY c.embedding <=> q.vector
         LIMIT %(k)s
     ) AS hit
-    JOIN transitions t ON t.id = hit.id
     ORDER BY q.query_index, hit.distance
 """
+ROWS_SQL = f"SELECT id, {', '.join(RETURNED_COLUMNS)} FROM transitions WHERE id = ANY(%s)"
 
 
 def search_parameters(vectors: np.ndarray, per_query: Sequence[Filters], k: int) -> dict:
@@ -132,8 +136,17 @@ def search(
     with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
         configure_session(database, cursor, connection.info, ef_search, filtered=any(f != Filters() for f in per_query))
         cursor.execute(SEARCH_SQL, search_parameters(vectors, per_query, k))
-        for query_index, similarity, *values in cursor.fetchall():
-            results[query_index - 1].append(Neighbour(float(similarity), dict(zip(RETURNED_COLUMNS, values))))
+        hits = cursor.fetchall()
+        rows = database.rows.known({row_id for _, _, row_id in hits})
+        missing = list({row_id for _, _, row_id in hits} - rows.keys())
+        if missing:
+            cursor.execute(ROWS_SQL, (missing,))
+            read = {row_id: dict(zip(RETURNED_COLUMNS, values)) for row_id, *values in cursor.fetchall()}
+            database.rows.add(read)
+            rows |= read
+    # Each hit its own dict: callers may add to what they get.
+    for query_index, similarity, row_id in hits:
+        results[query_index - 1].append(Neighbour(float(similarity), dict(rows[row_id])))
     return results
 
 

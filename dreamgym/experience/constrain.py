@@ -157,6 +157,7 @@ class DeltaConstraint:
         # Each token's text, decoded once: the generated text grows by one piece a step (exact
         # for a byte-level BPE on ASCII text) instead of being decoded again at every step.
         self.pieces = ["" if token in special else tokenizer.decode([token]) for token in range(len(tokenizer))]
+        self.silent = {token for token, piece in enumerate(self.pieces) if not piece}
         self.by_first: dict[str, list[tuple[int, str]]] = {}  # token pieces by their first character
         for token, piece in enumerate(self.pieces):
             if piece:
@@ -231,14 +232,21 @@ class DeltaConstraint:
         if written is None or (written and not _heads_for_reference(written)):
             return
         endings = self.references[row]
-        candidates = (
-            self.by_first.get(_REFERENCE[len(written)], ())
-            if len(written) < len(_REFERENCE)
-            else [(token, piece) for token, piece in enumerate(self.pieces) if piece]
-        )
+        if len(written) >= len(_REFERENCE):  # every token now goes on with a reference: keep those that fit
+            allowed = {
+                token
+                for ending in endings
+                if len(ending) > len(written) and ending.startswith(written)
+                for token, piece in self.by_first.get(ending[len(written)], ())
+                if token < scores.shape[1] and _fits(written + piece, endings)
+            }
+            mask = torch.full_like(scores[row], float("-inf"))
+            mask[list(allowed | self.silent)] = 0  # special tokens write nothing: left to the parser
+            scores[row] = scores[row] + mask
+            return
         masked = [
             token
-            for token, piece in candidates
+            for token, piece in self.by_first.get(_REFERENCE[len(written)], ())
             if token < scores.shape[1] and _heads_for_reference(written + piece) and not _fits(written + piece, endings)
         ]
         scores[row, masked] = float("-inf")

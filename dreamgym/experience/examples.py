@@ -115,10 +115,11 @@ def neighbours(
         return [[] for _ in queries]
     if database is None or (encoder is None and vectors is None):
         raise ValueError("retrieving neighbours (k > 0) needs a buffer database and an encoder")
-    if vectors is None:
-        vectors = encoder.encode(
-            [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
-        )
+    if vectors is None:  # each text once: the rollouts of a GRPO group often ask the same
+        texts = [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
+        distinct = list(dict.fromkeys(texts))
+        encoded = dict(zip(distinct, encoder.encode(distinct)))
+        vectors = np.stack([encoded[text] for text in texts])
     filters = [
         Filters(
             source=None if synthetic else "real",

@@ -3,7 +3,10 @@
 `ExperienceModel.predict` takes a batch of (task, history, state, action) queries, retrieves each
 one's worked examples from the buffer in one batched query, writes the prompts, generates all
 completions batched (KV cache on, left padding; rows that finished leave the batch as it goes on),
-and parses them. A completion that does not parse is generated again by sampling (a different draw
+and parses them. A greedy completion is first guessed, not written: the model nearly always names
+its first worked example (`copied_completion`), so that copy is checked against the model for all
+its tokens in one forward pass, and only the rows where the model's greedy choice differs somewhere
+are decoded token by token (`verified_drafts`). A completion that does not parse is generated again by sampling (a different draw
 each retry); one that still does not parse comes back as an explicit failure with the parser's
 reason — never as a made-up state or a zero reward.
 
@@ -52,6 +55,7 @@ from dreamgym.experience.domain import named_domain
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FORMAT_VERSION,
+    NO_CHANGE,
     SAME_AS,
     FormatError,
     example_changes,
@@ -80,6 +84,13 @@ CACHE = "static"
 # greedy tokens. 2 CPU cores, DreamEnv batch 32: a generate took 0.8-1.0 s instead of 1.1-1.6 s;
 # compacting only once, after 48, saved less; every 24 or 32 tokens, nothing (the prefills eat it).
 COMPACT_AFTER = 48
+# Prompts checked against their drafts in one forward pass, shortest first: a pass pads every row to
+# its longest, and a DreamEnv batch's prompts run from ~150 to ~650 tokens.
+VERIFY_CHUNK = 8
+# Generation settings that change greedy scores; a model whose generation config sets any of them
+# is decoded token by token (the drafts' check knows only the argmax and constrain.py's rules).
+_SCORE_SETTINGS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "sequence_bias")
+_NEUTRAL = (None, 0, 1.0, [], {})
 SETTINGS_FILE = "experience.json"  # beside the weights: the prompt shape the model was trained on
 # Settings that shape a prompt or completion: a model must be used with the ones it learned.
 BACKOFF_SECONDS = 0.5  # backend http: the first retry waits this long, each next one twice as long
@@ -262,8 +273,32 @@ class ExperienceModel:
         the state has, an addition cannot repeat one, a reference can only name a worked example
         whose change (`changes`: each prompt's `example_changes`) fits the state, and the reward
         and done are those the reasoning stated, itself or by naming an example (`traces`: each
-        prompt's `example_traces`; `constrain.py`). Every `COMPACT_AFTER` new tokens, the rows
-        still writing go on without the finished ones."""
+        prompt's `example_traces`; `constrain.py`). Greedy rows whose copy of their first worked
+        example is what the model writes (`verified_drafts`) are not decoded; every
+        `COMPACT_AFTER` new tokens, the rows still writing go on without the finished ones."""
+        texts: list[str | None] = [None] * len(prompts)
+        if not sample and self._drafts_checkable():
+            texts = self.verified_drafts(prompts, states, changes, traces)
+        rest = [index for index, text in enumerate(texts) if text is None]
+        if rest:
+            picked = lambda values: None if values is None else [values[i] for i in rest]  # noqa: E731
+            decoded = self._decode(
+                [prompts[i] for i in rest], sample, attempt, picked(states), picked(changes), picked(traces)
+            )
+            for index, text in zip(rest, decoded):
+                texts[index] = text
+        return texts  # type: ignore[return-value] - every slot is filled
+
+    def _decode(
+        self,
+        prompts: Sequence[str],
+        sample: bool,
+        attempt: int,
+        states: Sequence[AbstractState] | None,
+        changes: Sequence[Sequence[str]] | None,
+        traces: Sequence[Sequence[str | None]] | None,
+    ) -> list[str]:
+        """Completions written token by token (`generate`)."""
         inputs = self.encode(prompts)
         if sample:
             torch.manual_seed(sample_seed(self.seed, attempt, prompts))
@@ -303,6 +338,83 @@ class ExperienceModel:
             mask = torch.cat([mask[going], mask.new_ones(len(going), new.shape[1])], dim=1)
         return [ended_at_stop(text) for text in texts]
 
+    def _drafts_checkable(self) -> bool:
+        """Whether greedy decoding is the argmax of the model's scores under constrain.py's rules
+        alone, which is what `verified_drafts` checks."""
+        if not self.config.copy_examples or not self.config.neighbours:
+            return False
+        settings = self.model.generation_config
+        return all(getattr(settings, name, None) in _NEUTRAL for name in _SCORE_SETTINGS)
+
+    @torch.inference_mode()
+    def verified_drafts(
+        self,
+        prompts: Sequence[str],
+        states: Sequence[AbstractState] | None = None,
+        changes: Sequence[Sequence[str]] | None = None,
+        traces: Sequence[Sequence[str | None]] | None = None,
+    ) -> list[str | None]:
+        """Each prompt's `copied_completion` where greedy decoding (with the same rules as
+        `generate`) writes exactly it, else None. Prompt and draft go through the model together,
+        and the draft holds where each of its tokens is the argmax of the scores before it: what
+        decoding would have chosen, found in one pass instead of one per token."""
+        drafts = [copied_completion(prompt, self.config.reasoning) for prompt in prompts]
+        rows = [index for index, draft in enumerate(drafts) if draft is not None]
+        if not rows:
+            return [None] * len(prompts)
+        budget = self.config.max_length - self.config.max_new_tokens
+        prompt_ids = self.tokenizer([prompts[i] for i in rows], truncation=True, max_length=budget)["input_ids"]
+        draft_ids = self.tokenizer([drafts[i] for i in rows], add_special_tokens=False)["input_ids"]
+        longest = max(map(len, draft_ids))
+        # logits[r, j]: the scores for draft token j of row r, after the prompt and tokens 0..j-1.
+        logits = None
+        by_length = sorted(range(len(rows)), key=lambda r: len(prompt_ids[r]) + len(draft_ids[r]))
+        for start in range(0, len(by_length), VERIFY_CHUNK):
+            chunk = by_length[start : start + VERIFY_CHUNK]
+            scores = self._draft_scores([prompt_ids[r] for r in chunk], [draft_ids[r] for r in chunk])
+            if logits is None:
+                logits = torch.empty(len(rows), longest, scores.shape[-1])
+            for position, r in enumerate(chunk):
+                logits[r, : len(draft_ids[r])] = scores[position, : len(draft_ids[r])]
+        pad = self.tokenizer.pad_token_id
+        tokens = torch.tensor([ids + [pad] * (longest - len(ids)) for ids in draft_ids])  # pad: "" for the rules
+        picked = lambda values: None if values is None else [values[i] for i in rows]  # noqa: E731
+        rules = self._constraints(range(len(rows)), 0, picked(states), picked(changes), picked(traces))
+        holds = torch.ones(len(rows), dtype=torch.bool)
+        for position in range(longest):
+            scores = rules(tokens[:, :position], logits[:, position].clone())
+            going = torch.tensor([position < len(ids) for ids in draft_ids])
+            holds &= ~going | (scores.argmax(dim=-1) == tokens[:, position])
+        verified: list[str | None] = [None] * len(prompts)
+        for r, index in enumerate(rows):
+            if holds[r]:
+                verified[index] = drafts[index]
+        return verified
+
+    def _draft_scores(self, prompt_ids: list[list[int]], draft_ids: list[list[int]]) -> torch.Tensor:
+        """Scores for each draft token, (rows, longest draft, vocabulary): one forward pass over
+        the prompts and drafts, left-padded, positions counted from each row's first token."""
+        joined = [p + d for p, d in zip(prompt_ids, draft_ids)]
+        width, longest = max(map(len, joined)), max(map(len, draft_ids))
+        ids = torch.full((len(joined), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, tokens in enumerate(joined):
+            ids[row, width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, width - len(tokens) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        kept = self.model(
+            input_ids=ids.to(self.model.device),
+            attention_mask=mask.to(self.model.device),
+            position_ids=positions.to(self.model.device),
+            logits_to_keep=longest + 1,
+        ).logits.float().cpu()
+        # Row r's draft ends at the last column; its token j is scored at column width - len(d) - 1 + j.
+        scores = torch.empty(len(joined), longest, kept.shape[-1])
+        for row, draft in enumerate(draft_ids):
+            offset = longest - len(draft)
+            scores[row, : len(draft)] = kept[row, offset : offset + len(draft)]
+        return scores
+
     def _constraints(
         self,
         rows: Sequence[int],
@@ -328,7 +440,9 @@ class ExperienceModel:
 
     def predict(self, queries: Sequence[Query]) -> list[Prediction]:
         """The predicted step of each query, in its real names (`Prediction.text` is what the
-        model wrote, in the prompt's)."""
+        model wrote, in the prompt's). A prompt that several queries share is written once: a GRPO
+        group's rollouts start from one state and often take the same first moves, and what the
+        model writes depends on nothing but the prompt (greedy, or sampled with a seed of it)."""
         framed = self.framed(queries)
         prompts = [prompt for prompt, _, _ in framed]
         queries = [shown for _, shown, _ in framed]
@@ -337,15 +451,19 @@ class ExperienceModel:
         results: list[Prediction | None] = [None] * len(queries)
         pending = list(range(len(queries)))
         for attempt in range(self.config.retries + 1):
+            first: dict[str, int] = {}
+            for index in pending:
+                first.setdefault(prompts[index], index)
+            asked = list(first.values())  # the first query of each prompt
             if attempt == 0:  # greedy: the same text whatever else is in the batch
-                texts = self.generate(
-                    [prompts[i] for i in pending],
-                    states=[queries[i].state for i in pending],
-                    changes=[shown_changes[i] for i in pending],
-                    traces=[shown_traces[i] for i in pending],
+                written = self.generate(
+                    [prompts[i] for i in asked],
+                    states=[queries[i].state for i in asked],
+                    changes=[shown_changes[i] for i in asked],
+                    traces=[shown_traces[i] for i in asked],
                 )
             else:  # sampled one query at a time, so that a retry does not depend on the batch
-                texts = [
+                written = [
                     self.generate(
                         [prompts[i]],
                         sample=True,
@@ -354,11 +472,13 @@ class ExperienceModel:
                         changes=[shown_changes[i]],
                         traces=[shown_traces[i]],
                     )[0]
-                    for i in pending
+                    for i in asked
                 ]
+            text_of = {prompts[i]: text for i, text in zip(asked, written)}
             still = []
-            for index, text in zip(pending, texts):
-                try:
+            for index in pending:
+                text = text_of[prompts[index]]
+                try:  # in this query's real names: one prompt in placeholders can stand for several
                     completion = parse_completion(
                         text, queries[index].state, self.config.reasoning, shown_changes[index], shown_traces[index]
                     )
@@ -406,18 +526,24 @@ class NeighbourCopy(ExperienceModel):
         super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names)
 
     def generate(self, prompts: Sequence[str], *args, **kwargs) -> list[str]:
-        return [self._copied(prompt) for prompt in prompts]
+        # Nothing retrieved to copy: the parser refuses the empty completion.
+        return [copied_completion(prompt, self.config.reasoning) or "" for prompt in prompts]
 
-    def _copied(self, prompt: str) -> str:
-        outcomes = example_outcomes(prompt)
-        if not outcomes:
-            return ""  # nothing retrieved to copy: the parser refuses the empty completion
-        reward, done = outcomes[0]
-        reference = SAME_AS.format(1)
-        if not self.config.reasoning:
-            return format_completion(None, reference, reward, done)
-        trace = reference if example_traces(prompt)[0] is not None else "as in example 1"
-        return format_completion(trace, reference, reward, done)
+
+def copied_completion(prompt: str, reasoning: bool) -> str | None:
+    """The completion that copies the prompt's first worked example as the model learned to write
+    it (format.referenced_delta): its change and trace named (`same as example 1`; `no change` as
+    it is, being shorter), its reward and done; None for a prompt without examples."""
+    outcomes = example_outcomes(prompt)
+    if not outcomes:
+        return None
+    reward, done = outcomes[0]
+    reference = SAME_AS.format(1)
+    change = NO_CHANGE if example_changes(prompt)[0] == NO_CHANGE else reference
+    if not reasoning:
+        return format_completion(None, change, reward, done)
+    trace = reference if example_traces(prompt)[0] is not None else "as in example 1"
+    return format_completion(trace, change, reward, done)
 
 
 class PromptRefusedError(ExperienceBackendError):
