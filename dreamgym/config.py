@@ -340,10 +340,11 @@ class ExperienceConfig:
     constrained_decoding: Annotated[
         bool,
         _help(
-            "Constrained decoding, four rules (the local backend only): a removal names only an item the "
+            "Constrained decoding, five rules (the local backend only): a removal names only an item the "
             "current state has, an addition or a replacement line never repeats an item, 'same "
-            "as example i' names only an example whose change fits the state, and the reward and "
-            "done are the ones the state-diff reasoning stated.",
+            "as example i' names only an example whose change fits the state, the reward and "
+            "done are the ones the state-diff reasoning stated, and the completion stays in the "
+            "format (sections in order, one line per field, +/- entries).",
             part="generation",
         ),
     ] = True

@@ -16,7 +16,7 @@ from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, trained_settings
 from dreamgym.lm.model import load_model
-from dreamgym.state import AbstractState, item_name
+from dreamgym.state import AbstractState, item_name, parse_state
 
 
 def test_a_model_trained_on_another_prompt_format_is_refused(tmp_path):
@@ -328,3 +328,33 @@ def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, 
     monkeypatch.setattr(experience, "_decode", lambda prompts, *a: decoded.append(len(prompts)) or original(prompts, *a))
     assert experience.generate(prompts, states=states) == written
     assert decoded == [4]
+
+
+def test_a_change_written_out_for_a_situation_no_example_covers_parses_and_applies(tiny_experience, first_episode):
+    model, tokenizer = load_model(tiny_experience.model_dir)
+    experience = ExperienceModel(model, tokenizer, dataclasses.replace(TINY, retries=0))
+    # Each step of the episode the model learned, beside a thing it never saw.
+    unseen = []
+    for row in first_episode:
+        state = parse_state(row["state"])
+        lantern = AbstractState(
+            state.location,
+            (*state.visible, "brass lantern (on floor)"),
+            state.inventory,
+            (*state.actions, "examine brass lantern"),
+        )
+        unseen.append(Query(row["instruction"], lantern, row["action"], ()))
+    predictions = experience.predict(unseen)
+    # This model writes every change out (it was trained without examples), and knows one episode:
+    # off it, what it writes is seldom what the game would do, but the decoding rules keep it a
+    # change of this state that parses (9 of 11 steps; 3 with the format left free).
+    parsed = [prediction.ok for prediction in predictions]
+    assert sum(parsed) >= 2 * len(unseen) / 3, [prediction.error for prediction in predictions]
+    # An edit of this very state: the thing it never saw stays where it was.
+    assert all(
+        "brass lantern (on floor)" in prediction.completion.next_state.visible
+        for prediction in predictions
+        if prediction.ok
+    )
+    loose = ExperienceModel(model, tokenizer, dataclasses.replace(TINY, retries=0, constrained_decoding=False))
+    assert sum(prediction.ok for prediction in loose.predict(unseen)) < sum(parsed)

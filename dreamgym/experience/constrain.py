@@ -23,6 +23,13 @@ what the reasoning said: "The task is lost and the episode ends." then `<done>fa
 the reasoning states the score and the end in the default annotator's words
 (`annotate.stated_outcome`), itself or by naming a worked example whose trace does, the reward and
 done after the next state are held to what it said.
+Out of its data (a place, a thing or a move it never saw) the model also loses the format itself:
+it opens a second `<next_state>`, writes `actions:` twice or runs an entry into the next tag. So
+the completion is kept a prefix of the format's language (`completion_pattern`: the sections in
+order, a next state that is `no change`, a reference or field lines in the state's order with
+`+item` / `-item` entries or a replacement, a number, `true` or `false`). Greedy decoding takes
+the best-scored token that keeps it so (the top `FORMAT_CANDIDATES` are tried, best first; the
+model's own choice nearly always is one); sampling draws among those of the top candidates that do.
 Everything else the model writes freely; the strict parser still reads the result.
 """
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import regex
 import torch
 
 from dreamgym.experience.annotate import stated_outcome
@@ -43,6 +51,26 @@ _LIST_LINE = re.compile(r"(visible|inventory|actions)(:| =) (.*)")  # a change l
 _ENTRY_END = re.compile(r";|\n")
 _REFERENCE = SAME_AS.split("{")[0]  # what every reference starts with: "same as example "
 _REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.DOTALL)
+# Tokens tried, best first, for one that keeps the completion in the format.
+FORMAT_CANDIDATES = 32
+
+
+def completion_pattern(reasoning: bool) -> regex.Pattern:
+    """The completions format.py writes, as a pattern whose partial matches are their prefixes.
+    What only the state can tell (which items may be removed or added, which example fits) is
+    left to the other rules and the parser."""
+    item = r"[^;\n<> ](?:[^;\n<>]*[^;\n<> ])?"  # no separator, line break or tag; no surrounding space
+    entries = rf"{item}(?:; {item})*"
+    changes = rf"[+-]{item}(?:; [+-]{item})*"
+    lines = [rf"location: {item}"] + [rf"{name}(?:: {changes}| =(?: {entries})?)" for name in ("visible", "inventory", "actions")]
+    # One line per field, in the state's order, at least one.
+    delta = "|".join("".join([lines[first], *(rf"(?:\n{line})?" for line in lines[first + 1 :])]) for first in range(4))
+    number = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+    head = r"<reasoning>[^<]+</reasoning>\n" if reasoning else ""
+    return regex.compile(
+        rf"{head}<next_state>\n(?:no change|same as example [1-9][0-9]*|{delta})\n</next_state>\n"
+        rf"<reward>{number}</reward>\n<done>(?:true|false)</done>"
+    )
 
 
 def _list_line(generated: str) -> tuple[str, str, list[str]] | None:
@@ -134,7 +162,8 @@ class DeltaConstraint:
     worked examples changed their states by `examples` (`format.example_changes`, per prompt).
     `stated`: the reward and done follow the reasoning (a model trained on `describe_change`
     traces), or the trace of the example it names (`traces`: `format.example_traces`, per
-    prompt)."""
+    prompt). `reasoning`: the completions open with a reasoning section; `greedy`: the batch is
+    decoded greedily (the format rule then keeps only the best token that fits)."""
 
     def __init__(
         self,
@@ -144,8 +173,11 @@ class DeltaConstraint:
         examples: Sequence[Sequence[str]] | None = None,
         stated: bool = False,
         traces: Sequence[Sequence[str | None]] | None = None,
+        reasoning: bool = True,
+        greedy: bool = True,
     ):
         self.states, self.prompt_length, self.stated = list(states), prompt_length, stated
+        self.pattern, self.greedy = completion_pattern(reasoning), greedy
         examples = examples if examples is not None else [()] * len(self.states)
         self.traces = traces if traces is not None else [()] * len(self.states)
         # A reference's line ends with the newline before `</next_state>`.
@@ -180,18 +212,21 @@ class DeltaConstraint:
             if self.stated:
                 self._constrain_tail(row, scores)
             self._constrain_reference(row, scores)
-            line = _list_line(self.generated[row])  # parsed once for both rules
-            repeated = _repeat(state, line)
-            if repeated is not None:
-                written, forbidden = repeated
-                masked = [
-                    token for token, head in self.enders if token < scores.shape[1] and written + head in forbidden
-                ]
-                scores[row, masked] = float("-inf")
-                continue
-            found = _removal(state, line)
-            if found is None:
-                continue
+            self._constrain_entries(row, state, scores)
+            self._constrain_format(row, scores)  # last: it picks among what the others allow
+        return scores
+
+    def _constrain_entries(self, row: int, state: AbstractState, scores: torch.FloatTensor) -> None:
+        """No repeated item in an addition or replacement; removals only of what the state has."""
+        line = _list_line(self.generated[row])  # parsed once for both rules
+        repeated = _repeat(state, line)
+        if repeated is not None:
+            written, forbidden = repeated
+            masked = [token for token, head in self.enders if token < scores.shape[1] and written + head in forbidden]
+            scores[row, masked] = float("-inf")
+            return
+        found = _removal(state, line)
+        if found is not None:
             written, endings = found
             endings = [ending for ending in endings if ending.startswith(written)]
             following = {ending[len(written)] for ending in endings}
@@ -205,7 +240,31 @@ class DeltaConstraint:
                 mask = torch.full_like(scores[row], float("-inf"))
                 mask[allowed] = 0
                 scores[row] = scores[row] + mask
-        return scores
+
+    def _constrain_format(self, row: int, scores: torch.FloatTensor) -> None:
+        """Keep the completion a prefix of the format (`completion_pattern`): of the best-scored
+        tokens, the first that does (greedy) or all that do (sampling); when none of the top
+        `FORMAT_CANDIDATES` does, every token is tried."""
+        written = self.generated[row]
+        if not self.pattern.fullmatch(written, partial=True):
+            return  # off the format already (a rule made it so): the parser will say where
+        fits_format = lambda token: bool(  # noqa: E731
+            token < len(self.pieces)
+            and self.pieces[token]
+            and self.pattern.fullmatch(written + self.pieces[token], partial=True)
+        )
+        top = torch.topk(scores[row], min(FORMAT_CANDIDATES, scores.shape[1]))
+        ranked = [token for score, token in zip(top.values.tolist(), top.indices.tolist()) if score > float("-inf")]
+        kept = [token for token in ranked if fits_format(token)][: 1 if self.greedy else None]
+        if not kept:
+            everything = [token for token in range(scores.shape[1]) if scores[row, token] > float("-inf")]
+            kept = [token for token in everything if fits_format(token)]
+            if self.greedy and kept:
+                kept = [max(kept, key=lambda token: scores[row, token].item())]
+        if kept:  # no token fits: leave it to the parser to refuse
+            mask = torch.full_like(scores[row], float("-inf"))
+            mask[kept] = 0
+            scores[row] = scores[row] + mask
 
     def _constrain_tail(self, row: int, scores: torch.FloatTensor) -> None:
         """Keep what follows the next state on the way to the reward and done the reasoning

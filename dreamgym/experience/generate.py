@@ -312,7 +312,7 @@ class ExperienceModel:
             output = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                logits_processor=self._constraints(rows, start, states, changes, traces),
+                logits_processor=self._constraints(rows, start, states, changes, traces, sample),
                 max_new_tokens=min(left, COMPACT_AFTER) if len(rows) > 1 else left,
                 do_sample=sample,
                 temperature=RETRY_TEMPERATURE if sample else None,
@@ -379,7 +379,7 @@ class ExperienceModel:
         pad = self.tokenizer.pad_token_id
         tokens = torch.tensor([ids + [pad] * (longest - len(ids)) for ids in draft_ids])  # pad: "" for the rules
         picked = lambda values: None if values is None else [values[i] for i in rows]  # noqa: E731
-        rules = self._constraints(range(len(rows)), 0, picked(states), picked(changes), picked(traces))
+        rules = self._constraints(range(len(rows)), 0, picked(states), picked(changes), picked(traces), False)
         holds = torch.ones(len(rows), dtype=torch.bool)
         for position in range(longest):
             scores = rules(tokens[:, :position], logits[:, position].clone())
@@ -422,15 +422,27 @@ class ExperienceModel:
         states: Sequence[AbstractState] | None,
         changes: Sequence[Sequence[str]] | None,
         traces: Sequence[Sequence[str | None]] | None,
+        sample: bool,
     ) -> LogitsProcessorList:
         """The decoding rules for the batch rows `rows` (indices into the prompts), whose
-        completions begin at column `start`."""
+        completions begin at column `start` and are sampled or greedy."""
         if states is None or not self.config.constrained_decoding:
             return LogitsProcessorList()
         picked = lambda values: None if values is None else [values[row] for row in rows]  # noqa: E731
         stated = traces_examples(self.config)  # state-diff traces state the reward and the end
         return LogitsProcessorList(
-            [DeltaConstraint(self.tokenizer, picked(states), start, picked(changes), stated, picked(traces))]
+            [
+                DeltaConstraint(
+                    self.tokenizer,
+                    picked(states),
+                    start,
+                    picked(changes),
+                    stated,
+                    picked(traces),
+                    reasoning=self.config.reasoning,
+                    greedy=not sample,
+                )
+            ]
         )
 
     @property
