@@ -13,8 +13,8 @@ training games with the same kind of policy.
 
 With `--policy`, also the RL inner loop as GRPO runs it: for each batch size B, B/4 seed tasks
 played by groups of 4 rollouts (rl.group_size) with that policy sampling at temperature 1, to
-the end of the episodes (rl.max_steps at most); synthetic transitions/s counts the DreamEnv steps and their time only (the
-policy's choices are timed apart). Rollouts of a group start from one state and often take the
+the end of the episodes (rl.max_steps at most); synthetic transitions/s counts the DreamEnv steps
+and their time only (the policy's choices are timed apart). Rollouts of a group start from one state and often take the
 same first moves, which the experience model then predicts once.
 
 `--log` writes short rollouts for reading: a real successful episode of a training game and one of

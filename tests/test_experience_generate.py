@@ -325,7 +325,9 @@ def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, 
     monkeypatch.setattr(experience, "_drafts_checkable", lambda: True)
     decoded = []
     original = experience._decode
-    monkeypatch.setattr(experience, "_decode", lambda prompts, *a: decoded.append(len(prompts)) or original(prompts, *a))
+    monkeypatch.setattr(
+        experience, "_decode", lambda prompts, *a: decoded.append(len(prompts)) or original(prompts, *a)
+    )
     assert experience.generate(prompts, states=states) == written
     assert decoded == [4]
 

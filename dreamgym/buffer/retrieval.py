@@ -60,7 +60,7 @@ class Neighbour:
     transition: dict = field(repr=False)
 
 
-SEARCH_SQL = f"""
+SEARCH_SQL = """
     SELECT q.query_index, 1 - hit.distance AS similarity, hit.id
     FROM unnest(%(vectors)s::vector[], %(envs)s::text[], %(sources)s::text[],
                 %(excluded_tasks)s::text[], %(excluded_trajectories)s::jsonb[])

@@ -62,7 +62,8 @@ def completion_pattern(reasoning: bool) -> regex.Pattern:
     item = r"[^;\n<> ](?:[^;\n<>]*[^;\n<> ])?"  # no separator, line break or tag; no surrounding space
     entries = rf"{item}(?:; {item})*"
     changes = rf"[+-]{item}(?:; [+-]{item})*"
-    lines = [rf"location: {item}"] + [rf"{name}(?:: {changes}| =(?: {entries})?)" for name in ("visible", "inventory", "actions")]
+    lines = [rf"location: {item}"]
+    lines += [rf"{name}(?:: {changes}| =(?: {entries})?)" for name in ("visible", "inventory", "actions")]
     # One line per field, in the state's order, at least one.
     delta = "|".join("".join([lines[first], *(rf"(?:\n{line})?" for line in lines[first + 1 :])]) for first in range(4))
     number = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"

@@ -3,12 +3,12 @@
 `ExperienceModel.predict` takes a batch of (task, history, state, action) queries, retrieves each
 one's worked examples from the buffer in one batched query, writes the prompts, generates all
 completions batched (KV cache on, left padding; rows that finished leave the batch as it goes on),
-and parses them. A greedy completion is first guessed, not written: the model nearly always names
-its first worked example (`copied_completion`), so that copy is checked against the model for all
-its tokens in one forward pass, and only the rows where the model's greedy choice differs somewhere
-are decoded token by token (`verified_drafts`). A completion that does not parse is generated again by sampling (a different draw
-each retry); one that still does not parse comes back as an explicit failure with the parser's
-reason — never as a made-up state or a zero reward.
+and parses them. A greedy completion is first guessed, not written: the model nearly always
+names its first worked example (`copied_completion`), so that copy is checked against the model
+for all its tokens in one forward pass, and only the rows where the model's greedy choice differs
+somewhere are decoded token by token (`verified_drafts`). A completion that does not parse is
+generated again by sampling (a different draw each retry); one that still does not parse comes back
+as an explicit failure with the parser's reason — never as a made-up state or a zero reward.
 
 `RemoteExperienceModel` (experience.backend: http) generates on an OpenAI-compatible completions
 server instead (infra/SERVING.md): `vllm serve <model_dir>` on a GPU box takes a batch's prompts as
@@ -402,12 +402,16 @@ class ExperienceModel:
             ids[row, width - len(tokens) :] = torch.tensor(tokens)
             mask[row, width - len(tokens) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        kept = self.model(
-            input_ids=ids.to(self.model.device),
-            attention_mask=mask.to(self.model.device),
-            position_ids=positions.to(self.model.device),
-            logits_to_keep=longest + 1,
-        ).logits.float().cpu()
+        kept = (
+            self.model(
+                input_ids=ids.to(self.model.device),
+                attention_mask=mask.to(self.model.device),
+                position_ids=positions.to(self.model.device),
+                logits_to_keep=longest + 1,
+            )
+            .logits.float()
+            .cpu()
+        )
         # Row r's draft ends at the last column; its token j is scored at column width - len(d) - 1 + j.
         scores = torch.empty(len(joined), longest, kept.shape[-1])
         for row, draft in enumerate(draft_ids):
