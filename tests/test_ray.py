@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -105,18 +106,25 @@ def _episodes(json_path: str) -> list[dict]:
         return list(csv.DictReader(file))
 
 
-def _piece_runs(flow_state) -> list[str]:
-    """The states of the flow run's `evaluate-piece` task runs (one per shard)."""
+def _piece_runs(flow_state, seconds: float = 60) -> list[str]:
+    """The states of the flow run's `evaluate-piece` task runs (one per shard), once none is
+    running: a Ray worker's task states reach the server as events, after its result (under load
+    one was still `Running` on the server when the flow had ended)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import TaskRunSort
 
     flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
-    # The sync client sends None for an unset sort and limit, which the server refuses.
-    runs = get_client(sync_client=True).read_task_runs(
-        flow_run_filter=flow_run, sort=TaskRunSort.EXPECTED_START_TIME_ASC, limit=100
-    )
-    return sorted(run.state.name for run in runs if run.name.startswith("evaluate-piece"))
+    deadline = time.monotonic() + seconds
+    while True:
+        # The sync client sends None for an unset sort and limit, which the server refuses.
+        runs = get_client(sync_client=True).read_task_runs(
+            flow_run_filter=flow_run, sort=TaskRunSort.EXPECTED_START_TIME_ASC, limit=100
+        )
+        states = sorted(run.state.name for run in runs if run.name.startswith("evaluate-piece"))
+        if "Running" not in states or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 def test_real_evaluation_on_ray_matches_one_process(ray_compute, policy_dir, train_games, tmp_path):  # noqa: F811

@@ -247,8 +247,9 @@ class DeltaConstraint:
         tokens, the first that does (greedy) or all that do (sampling); when none of the top
         `FORMAT_CANDIDATES` does, every token is tried."""
         written = self.generated[row]
-        if not self.pattern.fullmatch(written, partial=True):
-            return  # off the format already (a rule made it so): the parser will say where
+        match = self.pattern.fullmatch(written, partial=True)
+        if match is None or not match.partial:
+            return  # complete (a row waiting for the batch), or off the format: the parser will say where
         fits_format = lambda token: bool(  # noqa: E731
             token < len(self.pieces)
             and self.pieces[token]
@@ -256,7 +257,12 @@ class DeltaConstraint:
         )
         top = torch.topk(scores[row], min(FORMAT_CANDIDATES, scores.shape[1]))
         ranked = [token for score, token in zip(top.values.tolist(), top.indices.tolist()) if score > float("-inf")]
-        kept = [token for token in ranked if fits_format(token)][: 1 if self.greedy else None]
+        kept = []
+        for token in ranked:
+            if fits_format(token):
+                kept.append(token)
+                if self.greedy:
+                    break
         if not kept:
             everything = [token for token in range(scores.shape[1]) if scores[row, token] > float("-inf")]
             kept = [token for token in everything if fits_format(token)]
