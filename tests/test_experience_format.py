@@ -26,6 +26,7 @@ from dreamgym.experience.annotate import (
     make_annotator,
     stated_outcome,
 )
+from dreamgym.experience.constrain import completion_pattern
 from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
@@ -146,6 +147,7 @@ def test_every_real_transition_round_trips_through_prompt_and_parser(rows, with_
         assert format_state(parsed.next_state) == row["next_state"]
         assert (parsed.reward, parsed.done) == (row["reward"], row["terminated"])
         assert (parsed.reasoning is not None) == with_reasoning
+        assert completion_pattern(with_reasoning).fullmatch(example.completion), example.completion
     # Deltas are what make completions short: far shorter than the next state in full.
     deltas = [len(state_delta(*states(row))) for row in rows]
     assert np.median(deltas) < np.median([len(row["next_state"]) for row in rows]) / 2
@@ -421,6 +423,9 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
             assert example.completion == written.completion
         parsed = parse_completion(example.completion, state, True, changes, traces)
         assert parsed.next_state == next_state and parsed.reward == row["reward"]
+        # What decoding keeps a completion a prefix of (constrain.py) admits every one it learns.
+        assert completion_pattern(True).fullmatch(example.completion), example.completion
+        assert completion_pattern(True).fullmatch(written.completion), written.completion
         assert parsed.reasoning == trace
     assert pointing > len(rows) / 4, pointing  # repeated steps across episodes show their answer
     assert tracing > pointing, (tracing, pointing)  # a trace carries further than a change

@@ -264,8 +264,7 @@ class DeltaConstraint:
                 if self.greedy:
                     break
         if not kept:
-            everything = [token for token in range(scores.shape[1]) if scores[row, token] > float("-inf")]
-            kept = [token for token in everything if fits_format(token)]
+            kept = [token for token in (scores[row] > float("-inf")).nonzero().flatten().tolist() if fits_format(token)]
             if self.greedy and kept:
                 kept = [max(kept, key=lambda token: scores[row, token].item())]
         if kept:  # no token fits: leave it to the parser to refuse
