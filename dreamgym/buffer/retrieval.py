@@ -137,8 +137,9 @@ def search(
         configure_session(database, cursor, connection.info, ef_search, filtered=any(f != Filters() for f in per_query))
         cursor.execute(SEARCH_SQL, search_parameters(vectors, per_query, k))
         hits = cursor.fetchall()
-        rows = database.rows.known({row_id for _, _, row_id in hits})
-        missing = list({row_id for _, _, row_id in hits} - rows.keys())
+        ids = {row_id for _, _, row_id in hits}
+        rows = database.rows.known(ids)
+        missing = list(ids - rows.keys())
         if missing:
             cursor.execute(ROWS_SQL, (missing,))
             read = {row_id: dict(zip(RETURNED_COLUMNS, values)) for row_id, *values in cursor.fetchall()}

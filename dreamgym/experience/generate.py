@@ -281,9 +281,13 @@ class ExperienceModel:
             texts = self.verified_drafts(prompts, states, changes, traces)
         rest = [index for index, text in enumerate(texts) if text is None]
         if rest:
-            picked = lambda values: None if values is None else [values[i] for i in rest]  # noqa: E731
             decoded = self._decode(
-                [prompts[i] for i in rest], sample, attempt, picked(states), picked(changes), picked(traces)
+                [prompts[i] for i in rest],
+                sample,
+                attempt,
+                _picked(states, rest),
+                _picked(changes, rest),
+                _picked(traces, rest),
             )
             for index, text in zip(rest, decoded):
                 texts[index] = text
@@ -371,29 +375,28 @@ class ExperienceModel:
         by_length = sorted(range(len(rows)), key=lambda r: len(prompt_ids[r]) + len(draft_ids[r]))
         for start in range(0, len(by_length), VERIFY_CHUNK):
             chunk = by_length[start : start + VERIFY_CHUNK]
-            scores = self._draft_scores([prompt_ids[r] for r in chunk], [draft_ids[r] for r in chunk])
-            if logits is None:
-                logits = torch.empty(len(rows), longest, scores.shape[-1])
-            for position, r in enumerate(chunk):
-                logits[r, : len(draft_ids[r])] = scores[position, : len(draft_ids[r])]
+            scored = self._draft_scores([prompt_ids[r] for r in chunk], [draft_ids[r] for r in chunk])
+            for r, scores in zip(chunk, scored):
+                if logits is None:
+                    logits = torch.empty(len(rows), longest, scores.shape[-1])
+                logits[r, : len(scores)] = scores
         pad = self.tokenizer.pad_token_id
         tokens = torch.tensor([ids + [pad] * (longest - len(ids)) for ids in draft_ids])  # pad: "" for the rules
-        picked = lambda values: None if values is None else [values[i] for i in rows]  # noqa: E731
-        rules = self._constraints(range(len(rows)), 0, picked(states), picked(changes), picked(traces), False)
+        lengths = torch.tensor([len(ids) for ids in draft_ids])
+        rules = self._constraints(rows, 0, states, changes, traces, sample=False)
         holds = torch.ones(len(rows), dtype=torch.bool)
         for position in range(longest):
             scores = rules(tokens[:, :position], logits[:, position].clone())
-            going = torch.tensor([position < len(ids) for ids in draft_ids])
-            holds &= ~going | (scores.argmax(dim=-1) == tokens[:, position])
+            holds &= (position >= lengths) | (scores.argmax(dim=-1) == tokens[:, position])
         verified: list[str | None] = [None] * len(prompts)
         for r, index in enumerate(rows):
             if holds[r]:
                 verified[index] = drafts[index]
         return verified
 
-    def _draft_scores(self, prompt_ids: list[list[int]], draft_ids: list[list[int]]) -> torch.Tensor:
-        """Scores for each draft token, (rows, longest draft, vocabulary): one forward pass over
-        the prompts and drafts, left-padded, positions counted from each row's first token."""
+    def _draft_scores(self, prompt_ids: list[list[int]], draft_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Each row's scores for its draft tokens, (draft length, vocabulary): one forward pass
+        over the prompts and drafts, left-padded, positions counted from each row's first token."""
         joined = [p + d for p, d in zip(prompt_ids, draft_ids)]
         width, longest = max(map(len, joined)), max(map(len, draft_ids))
         ids = torch.full((len(joined), width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -413,11 +416,7 @@ class ExperienceModel:
             .cpu()
         )
         # Row r's draft ends at the last column; its token j is scored at column width - len(d) - 1 + j.
-        scores = torch.empty(len(joined), longest, kept.shape[-1])
-        for row, draft in enumerate(draft_ids):
-            offset = longest - len(draft)
-            scores[row, : len(draft)] = kept[row, offset : offset + len(draft)]
-        return scores
+        return [kept[row, longest - len(draft) : longest] for row, draft in enumerate(draft_ids)]
 
     def _constraints(
         self,
@@ -432,17 +431,16 @@ class ExperienceModel:
         completions begin at column `start` and are sampled or greedy."""
         if states is None or not self.config.constrained_decoding:
             return LogitsProcessorList()
-        picked = lambda values: None if values is None else [values[row] for row in rows]  # noqa: E731
         stated = traces_examples(self.config)  # state-diff traces state the reward and the end
         return LogitsProcessorList(
             [
                 DeltaConstraint(
                     self.tokenizer,
-                    picked(states),
+                    _picked(states, rows),
                     start,
-                    picked(changes),
+                    _picked(changes, rows),
                     stated,
-                    picked(traces),
+                    _picked(traces, rows),
                     reasoning=self.config.reasoning,
                     greedy=not sample,
                 )
@@ -544,6 +542,11 @@ class NeighbourCopy(ExperienceModel):
     def generate(self, prompts: Sequence[str], *args, **kwargs) -> list[str]:
         # Nothing retrieved to copy: the parser refuses the empty completion.
         return [copied_completion(prompt, self.config.reasoning) or "" for prompt in prompts]
+
+
+def _picked(values: Sequence | None, rows: Sequence[int]) -> list | None:
+    """The items of `values` (one per prompt, or None) for the batch rows `rows`."""
+    return None if values is None else [values[row] for row in rows]
 
 
 def copied_completion(prompt: str, reasoning: bool) -> str | None:
