@@ -37,7 +37,7 @@ CONFIG = PolicyConfig(
     vocab_size=400, hidden_size=32, layers=1, heads=2, max_length=256, action_score="sum", placeholders=False
 )
 
-# Two prompts of different lengths (left padding) and candidates of different token lengths
+# Two prompts of different lengths (padding) and candidates of different token lengths
 # ("examine the rusty old cabinet" has words the tokenizer never saw: many byte-level tokens).
 PROMPTS = [
     policy_prompt("eat the apple", [], KITCHEN),
@@ -229,6 +229,20 @@ def test_value_head(model, tokenizer):
     assert scores.shape == (6,)
     decisions = policy.act(observations(), greedy=True, with_values=True)
     assert [d.value for d in decisions] == [0.0, 0.0]
+
+
+def test_a_value_reads_the_last_prompt_token_whatever_candidates_follow_it(model, tokenizer):
+    """The prompt shares its row with its candidates: its value is still the value head on the
+    prompt's own last hidden state, as in a forward pass over the prompt alone."""
+    policy = make_policy(model, tokenizer)
+    policy.add_value_head()
+    with torch.no_grad():
+        policy.value_head.weight.normal_(generator=torch.Generator().manual_seed(1))
+        _, values = policy.score_actions(PROMPTS, CANDIDATES, with_values=True)
+        for prompt, value in zip(PROMPTS, values):
+            ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+            hidden = policy.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0, -1]
+            assert float(value) == pytest.approx(float(policy.value_head(hidden)), abs=1e-4)
 
 
 def test_save_and_load_round_trip(model, tokenizer, tmp_path):

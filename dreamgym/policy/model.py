@@ -14,9 +14,12 @@ Acting modes (`policy.mode`):
 - `generate`: free text (for large instruction models). π(a|s) is the text's sequence
   likelihood; an unavailable action is passed to the environment, which ignores it as the game does.
 
-Scoring shares the prompt: prompts are encoded once (left-padded, one forward pass with the KV
-cache) and every candidate action continues from its prompt's cache, so a state with 20
-available actions costs one prompt pass plus 20 short continuations, not 20 full passes.
+Scoring shares the prompt: each prompt and all of its candidates are packed into one row, and an
+attention mask lets every candidate see the prompt and its own earlier tokens only, at the
+positions it would have right after the prompt. A state with 30 available actions costs one row
+of prompt + 30 short actions, not 30 full passes; and, unlike continuing each candidate from a copy
+of its prompt's KV cache (the way this was done before), nothing is copied per candidate, which
+made BC steps and acting ~1.8x faster on CPU (benchmarks/policy_scoring.py).
 """
 
 from __future__ import annotations
@@ -132,21 +135,49 @@ class Policy(nn.Module):
 
     # --- scoring ------------------------------------------------------------------------------
 
-    def _encode_prompts(self, prompts: Sequence[str], reserve: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask; a prompt too long for max_length - `reserve` loses its
-        start but keeps its first (BOS) token, as in training."""
+    def _prompt_ids(self, prompt: str, reserve: int) -> list[int]:
+        """A prompt's token ids; one too long for max_length - `reserve` loses its start but keeps
+        its first (BOS) token, as in training."""
         budget = max(8, self.config.max_length - reserve)
-        rows = []
-        for prompt in prompts:
-            ids = self.tokenizer(prompt)["input_ids"]
-            if len(ids) > budget:
-                ids = ids[:1] + ids[len(ids) - budget + 1 :]
-            rows.append(ids)
+        ids = self.tokenizer(prompt)["input_ids"]
+        return ids[:1] + ids[len(ids) - budget + 1 :] if len(ids) > budget else ids
+
+    def _encode_prompts(self, prompts: Sequence[str], reserve: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids (`_prompt_ids`) and mask."""
+        rows = [self._prompt_ids(prompt, reserve) for prompt in prompts]
         width = max(len(ids) for ids in rows)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rows], device=self.device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows], device=self.device)
         return input_ids, mask
+
+    def _packed_inputs(self, prompts: Sequence[str], action_ids: Sequence[Sequence[int]], owner: Sequence[int]):
+        """One row per prompt: its tokens, then each of its candidates' tokens, right-padded. A
+        candidate token attends to its prompt and to the earlier tokens of its own candidate only,
+        and takes the positions it would have right after the prompt (so it is scored exactly as in
+        its own sequence prompt + action). Returns ids, positions, the additive 4D mask, each
+        prompt's length, and each candidate's first index in its row."""
+        width = max(len(ids) for ids in action_ids)
+        rows = [self._prompt_ids(prompt, reserve=width) for prompt in prompts]
+        segments = [[0] * len(ids) for ids in rows]
+        positions = [list(range(len(ids))) for ids in rows]
+        starts = []
+        prompt_lengths = [len(ids) for ids in rows]
+        for number, (ids, row) in enumerate(zip(action_ids, owner), 1):
+            starts.append(len(rows[row]))
+            rows[row] += ids
+            segments[row] += [number] * len(ids)
+            positions[row] += range(prompt_lengths[row], prompt_lengths[row] + len(ids))
+        total = max(len(ids) for ids in rows)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([ids + [pad] * (total - len(ids)) for ids in rows], device=self.device)
+        position_ids = torch.tensor([p + [0] * (total - len(p)) for p in positions], device=self.device)
+        segment = torch.tensor([s + [-1] * (total - len(s)) for s in segments], device=self.device)
+        causal = torch.ones(total, total, dtype=torch.bool, device=self.device).tril()
+        allowed = causal & ((segment[:, :, None] == segment[:, None, :]) | (segment[:, None, :] == 0))
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        return input_ids, position_ids, mask[:, None], prompt_lengths, starts
 
     def score_actions(
         self, prompts: Sequence[str], candidates: Sequence[Sequence[str]], with_values: bool = False
@@ -163,40 +194,37 @@ class Policy(nn.Module):
             for options in candidates
             for action in options
         ]
-        width = max(len(ids) for ids in action_ids)
-        input_ids, mask = self._encode_prompts(prompts, reserve=width)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        owner = [i for i, options in enumerate(candidates) for _ in options]
+        input_ids, position_ids, mask, prompt_lengths, starts = self._packed_inputs(prompts, action_ids, owner)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
+            position_ids=position_ids,
+            use_cache=False,
             output_hidden_states=with_values,
         )
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # each action's first token
-        owner = torch.tensor([i for i, options in enumerate(candidates) for _ in options], device=self.device)
-        cache = out.past_key_values
-        for layer in cache.layers:  # every candidate continues from its own prompt's cache
-            layer.keys, layer.values = layer.keys[owner], layer.values[owner]
+        # A candidate's first token is predicted at its prompt's last token, token k at token k - 1.
+        width = max(len(ids) for ids in action_ids)
+        last = input_ids.shape[1] - 1
+        sources = torch.tensor(
+            [
+                [prompt_lengths[row] - 1] + [min(start + k, last) for k in range(width - 1)]
+                for row, start in zip(owner, starts)
+            ],
+            device=self.device,
+        )
+        rows = torch.tensor(owner, device=self.device)[:, None]
+        predicted = torch.log_softmax(out.logits[rows, sources].float(), dim=-1)
         pad = self.tokenizer.pad_token_id
         tokens = torch.tensor([ids + [pad] * (width - len(ids)) for ids in action_ids], device=self.device)
         token_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in action_ids], device=self.device)
-        lengths = mask.sum(-1)[owner]
-        rest = self.model(
-            input_ids=tokens,
-            attention_mask=torch.cat([mask[owner], token_mask], dim=1),
-            position_ids=lengths[:, None] + torch.arange(width, device=self.device),
-            past_key_values=cache,
-            use_cache=False,
-        )
-        following = torch.log_softmax(rest.logits[:, :-1].float(), dim=-1)
-        predicted = torch.cat([first[owner][:, None], following], dim=1)  # token t from t-1's logits
         token_logprobs = predicted.gather(-1, tokens[..., None]).squeeze(-1) * token_mask
         values = None
         if with_values:
             if self.value_head is None:
                 raise PolicyError("this policy has no value head; call add_value_head() first (PPO)")
-            values = self.value_head(out.hidden_states[-1][:, -1].float()).squeeze(-1)
+            ends = torch.tensor(prompt_lengths, device=self.device) - 1
+            values = self.value_head(out.hidden_states[-1][torch.arange(len(prompts)), ends].float()).squeeze(-1)
         scores = token_logprobs.sum(-1)
         if self.config.action_score == "mean" and self.config.mode == "choice":
             scores = scores / token_mask.sum(-1)
