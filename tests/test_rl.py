@@ -156,36 +156,66 @@ def test_a_real_budget_stops_the_run_and_is_never_exceeded(one_room_game, warm_s
     assert result.history[-1]["cut_episodes"] > 0  # the episodes running when it ran out
 
 
-def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, first_episode, train_games, tmp_path):
-    """GRPO with 0 real transitions, in DreamEnv, makes the policy better in the *real* game."""
+def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
+    offline_dataset, first_episode, train_games, buffer_db, encoder, tmp_path
+):
+    """GRPO with 0 real transitions, in DreamEnv, makes the policy better in the *real* game, with
+    the experience model's default prompt and decoding: retrieval of a worked example from the
+    buffer, reasoning, placeholders and the constrained decoding rules."""
     from conftest import TINY_EXPERIENCE
 
+    from dreamgym.buffer.store import upsert_transitions
+    from dreamgym.data.schema import to_table
     from dreamgym.envs.dream_env import DreamEnv
+    from dreamgym.experience.examples import build_examples
     from dreamgym.experience.generate import ExperienceModel
     from dreamgym.experience.variations import seed_tasks
     from dreamgym.lm.model import load_model
+    from dreamgym.lm.sft import train_sft
+    from dreamgym.placeholders import kept_names
 
-    assert first_episode[-1]["won"], "the tiny experience model learned a won episode"
-    # The tiny experience model knows one episode by heart, so the warm start is cloned from that
-    # one, briefly: it knows the game a little.
-    kept = policy_kept_names(first_episode, TINY_POLICY)
-    start = train_bc(
-        bc_examples(first_episode, TINY_POLICY, kept), TINY_POLICY, tmp_path / "bc", seed=0, kept=kept, progress=False
-    ).model_dir
-    model, tokenizer = load_model(tiny_experience.model_dir)
-    # Unconstrained decoding, no retries. This model knows one episode by heart, and an action off
-    # it fails to parse. With the default constraints and one retry it also fails 3 of the 11
-    # steps of that very episode (computed on one thread, as `make test` does), so the dream never
-    # pays the warm start a point and GRPO has nothing to learn from (dream return 0 in all of 8
-    # epochs; measured 2026-11-25). Unconstrained, a failed step changes nothing, which GRPO learns
-    # to avoid. A test with the defaults on needs an experience model that predicts actions it has
-    # not seen (issue 26), not a decoding switch.
-    experience = ExperienceModel(
-        model,
-        tokenizer,
-        dataclasses.replace(TINY_EXPERIENCE, max_new_tokens=256, constrained_decoding=False, retries=0),
-        seed=0,
+    assert first_episode[-1]["won"], "the warm start is cloned from a won episode"
+    # The experience model learns the game of the first episode from its noisy-expert episodes in
+    # the buffer (4 episodes, 48 transitions: the expert's steps and random ones), so it has seen
+    # what steps off the expert's path do. The one-episode model of the other tests (no retrieval,
+    # no reasoning) lowered the real score here with the constraints on (0.5 -> 0.25, 2026-11-26):
+    # off the episode it knows, its dream pays points for steps that earn none (`look`, `examine`).
+    rows = [
+        row for row in read_transitions(offline_dataset).to_pylist() if row["task_id"] == first_episode[0]["task_id"]
+    ]
+    upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
+    config = dataclasses.replace(
+        TINY_EXPERIENCE,
+        neighbours=1,
+        retrieval_pool=50,
+        reasoning=True,
+        placeholders=True,
+        epochs=20,
+        max_length=1024,
+        max_new_tokens=256,
     )
+    assert config.constrained_decoding and config.copy_examples
+    kept = kept_names(rows)
+    examples = build_examples(buffer_db, encoder, rows, config, ef_search=40, kept=kept)
+    trained = train_sft(
+        [{"prompt": e.prompt, "completion": e.completion} for e in examples],
+        config,
+        tmp_path / "experience",
+        seed=0,
+        progress=False,
+    )
+    model, tokenizer = load_model(trained.model_dir)
+    experience = ExperienceModel(model, tokenizer, config, buffer_db, encoder, ef_search=40, seed=0, kept_names=kept)
+    # The warm start is cloned from the won episode, briefly: it knows the game a little.
+    policy_kept = policy_kept_names(first_episode, TINY_POLICY)
+    start = train_bc(
+        bc_examples(first_episode, TINY_POLICY, policy_kept),
+        TINY_POLICY,
+        tmp_path / "bc",
+        seed=0,
+        kept=policy_kept,
+        progress=False,
+    ).model_dir
     task = seed_tasks(first_episode)[0]
     [game] = [game for game in train_games if game.stem == task.task_id]
     steps = len(first_episode) + 2
@@ -203,17 +233,14 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(tiny_experience, f
         return sum(episode.episode_return("score") for episode in played) / 16
 
     # The score (the model's predicted rewards for each right step) gives GRPO a signal at this
-    # budget; an 11-step recipe is rarely finished by a tiny policy in a few epochs. The warm start
-    # scores in 1 or 2 of 8 dream episodes, and the dream return only climbs after ~5 epochs: with
-    # 4, one thread (xdist) left the real score at 0.75 while two threads passed. With 8, RL seeds
-    # 0, 1, 2 on one thread: real score 0.75 -> 1.63, 1.50, 1.06 (~55 s each).
-    config = dataclasses.replace(TINY_RL, env="dream", epochs=8, max_steps=steps, reward="score")
-    curriculum = Curriculum([task], ONE_TASK, seed=0)
+    # budget; an 11-step recipe is rarely finished by a tiny policy in a few epochs. RL seeds 0, 1,
+    # 2 on one thread: real score 0.5 -> 0.81, 0.94, 1.94 (~100 s each, 2026-11-26).
+    rl = dataclasses.replace(TINY_RL, env="dream", epochs=8, max_steps=steps, reward="score")
     result = train_rl(
         start,
         lambda slot: DreamEnv(experience, steps, slot=slot, policy="test"),
-        curriculum,
-        config,
+        Curriculum([task], ONE_TASK, seed=0),
+        rl,
         tmp_path / "dream",
         seed=0,
         on_transitions=written.extend,
