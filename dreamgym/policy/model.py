@@ -175,6 +175,8 @@ class Policy(nn.Module):
         segment = torch.tensor([s + [-1] * (total - len(s)) for s in segments], device=self.device)
         causal = torch.ones(total, total, dtype=torch.bool, device=self.device).tril()
         allowed = causal & ((segment[:, :, None] == segment[:, None, :]) | (segment[:, None, :] == 0))
+        # Additive (eager attention adds it; SDPA takes it too), and finfo.min rather than -inf: a
+        # padding token sees itself, so no row is masked out entirely.
         dtype = next(self.model.parameters()).dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
         return input_ids, position_ids, mask[:, None], prompt_lengths, starts
