@@ -119,22 +119,24 @@ def first_episode(offline_dataset) -> list[dict]:
     return sorted((row for row in rows if row["trajectory_id"] == first), key=lambda row: row["step"])
 
 
+def train_experience(examples: list, config, out: Path):
+    """An experience model trained (seed 0, quietly) on `examples` (experience.examples.Example);
+    the TrainResult. Modules import it as `from conftest import ...`."""
+    from dreamgym.lm.sft import train_sft
+
+    records = [{"prompt": e.prompt, "completion": e.completion} for e in examples]
+    return train_sft(records, config, out, seed=0, progress=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_experience(first_episode, tmp_path_factory):
     """`TINY_EXPERIENCE` trained once on `first_episode`, for every module that needs a trained
     model (the TrainResult; its settings file saved beside the weights)."""
     from dreamgym.experience.examples import build_examples
     from dreamgym.experience.generate import save_settings
-    from dreamgym.lm.sft import train_sft
 
     examples = build_examples(None, None, first_episode, TINY_EXPERIENCE, ef_search=40)
-    result = train_sft(
-        [{"prompt": e.prompt, "completion": e.completion} for e in examples],
-        TINY_EXPERIENCE,
-        tmp_path_factory.mktemp("tiny-experience"),
-        seed=0,
-        progress=False,
-    )
+    result = train_experience(examples, TINY_EXPERIENCE, tmp_path_factory.mktemp("tiny-experience"))
     save_settings(result.model_dir, TINY_EXPERIENCE)
     return result
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import TINY_EXPERIENCE
+from conftest import TINY_EXPERIENCE, train_experience
 
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.store import upsert_transitions, write_back
@@ -30,7 +30,6 @@ from dreamgym.experience.variations import (
     write_variations,
 )
 from dreamgym.lm.model import init_model, load_model
-from dreamgym.lm.sft import train_sft
 from dreamgym.state import format_state, parse_state
 
 # The shared tiny model; longer completions: the episode's first step writes a long delta.
@@ -247,9 +246,7 @@ def test_written_variations_are_checked_before_use(rows, tmp_path):
     seed_ids = {task.task_id for task in seeds}
     examples = variation_examples([row for row in rows if row["task_id"] in seed_ids], per_task=2)
     config = dataclasses.replace(TINY, epochs=100, max_length=1024)
-    result = train_sft(
-        [{"prompt": e.prompt, "completion": e.completion} for e in examples], config, tmp_path, seed=0, progress=False
-    )
+    result = train_experience(examples, config, tmp_path)
     model, tokenizer = load_model(result.model_dir)
     written = write_variations(model, tokenizer, seeds, count=6, seed=0, max_new_tokens=480)
     assert len(written) == 6

@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import TINY_EXPERIENCE, queries_of
+from conftest import TINY_EXPERIENCE, queries_of, train_experience
 
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
@@ -22,7 +22,6 @@ from dreamgym.experience.generate import (
     trained_settings,
 )
 from dreamgym.lm.model import load_model
-from dreamgym.lm.sft import train_sft
 from dreamgym.placeholders import Placeholders, kept_names
 from dreamgym.renaming import Renamer
 from dreamgym.state import AbstractState, parse_state
@@ -194,9 +193,7 @@ def _exact(predictions, rows) -> float:
 def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_episode, tiny_experience, tmp_path):
     kept = kept_names(rows)
     examples = build_examples(None, None, first_episode, TINY, ef_search=40, kept=kept)
-    result = train_sft(
-        [{"prompt": e.prompt, "completion": e.completion} for e in examples], TINY, tmp_path, seed=0, progress=False
-    )
+    result = train_experience(examples, TINY, tmp_path)
     with_placeholders = ExperienceModel(*load_model(result.model_dir), TINY, kept_names=kept)
     # The same episode in a game whose foods have names no training game has.
     foods = {name for row in first_episode for name in Placeholders.of_row(kept, row).mapping}

@@ -162,7 +162,7 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     """GRPO with 0 real transitions, in DreamEnv, makes the policy better in the *real* game, with
     the experience model's default prompt and decoding: retrieval of a worked example from the
     buffer, reasoning, placeholders and the constrained decoding rules."""
-    from conftest import TINY_EXPERIENCE
+    from conftest import TINY_EXPERIENCE, train_experience
 
     from dreamgym.buffer.store import upsert_transitions
     from dreamgym.data.schema import to_table
@@ -171,7 +171,6 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     from dreamgym.experience.generate import ExperienceModel
     from dreamgym.experience.variations import seed_tasks
     from dreamgym.lm.model import load_model
-    from dreamgym.lm.sft import train_sft
     from dreamgym.placeholders import kept_names
 
     assert first_episode[-1]["won"], "the warm start is cloned from a won episode"
@@ -197,13 +196,7 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     assert config.constrained_decoding and config.copy_examples
     kept = kept_names(rows)
     examples = build_examples(buffer_db, encoder, rows, config, ef_search=40, kept=kept)
-    trained = train_sft(
-        [{"prompt": e.prompt, "completion": e.completion} for e in examples],
-        config,
-        tmp_path / "experience",
-        seed=0,
-        progress=False,
-    )
+    trained = train_experience(examples, config, tmp_path / "experience")
     model, tokenizer = load_model(trained.model_dir)
     experience = ExperienceModel(model, tokenizer, config, buffer_db, encoder, ef_search=40, seed=0, kept_names=kept)
     # The warm start is cloned from the won episode, briefly: it knows the game a little.
