@@ -218,7 +218,7 @@ class ExperienceConfig:
     domain: Annotated[
         Literal["textworld-cooking", "none"],
         _help(
-            "The environment's rules that retrieval ranks by (experience/domain.py): 'textworld-cooking' "
+            "The environment's rules that retrieval ranks by (dreamgym/domain.py): 'textworld-cooking' "
             "(experience/cooking.py), or 'none' for an environment without its own yet.",
             part="prompt",
         ),
@@ -529,6 +529,18 @@ class PolicyConfig:
             part="prompt",
         ),
     ] = True
+    domain: Annotated[
+        Literal["textworld-cooking", "none"],
+        _help(
+            "The environment's rules behind BC's counterfactual tasks (dreamgym/domain.py): a step that "
+            "carries out a clause of its task is also shown with that clause changed, labelled with the "
+            "action the changed task asks for, so that the policy must read its task instead of recalling "
+            "its training games (dreamgym/policy/bc.py); 'none' (default): the steps as they are. Off "
+            "by default: the default policy then reads the cooking verb but can no longer tell slice "
+            "from dice (benchmarks/results/, 2026-11-26).",
+            part="examples",
+        ),
+    ] = "none"
     # Model (the same fields as the experience model's, for the same trainer)
     model: Annotated[
         str,

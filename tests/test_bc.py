@@ -61,6 +61,32 @@ def test_every_real_step_is_an_example_labelled_with_the_expert(rows):
     assert all(e["candidates"][e["label"]] == e["completion"].strip() for e in examples + every_candidate)
 
 
+def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_verb(rows):
+    """Counterfactual tasks: the same prompt but for one word of the recipe, labelled with the
+    action that word asks for; the examples as asked are all still there."""
+    kept = policy_kept_names(rows, SMALL_POLICY)
+    as_asked = bc_examples(rows, SMALL_POLICY, kept)
+    examples = bc_examples(rows, dataclasses.replace(SMALL_POLICY, domain="textworld-cooking"), kept)
+    originals = {(e["prompt"], e["completion"]) for e in as_asked}
+    added = [e for e in examples if (e["prompt"], e["completion"]) not in originals]
+    assert added and len(examples) == len(as_asked) + len(added)
+    by_rest = {}
+    for e in as_asked:
+        by_rest.setdefault(e["prompt"].split("\n", 1)[1], []).append(e)
+    verbs = {"slice", "chop", "dice", "fry", "roast", "grill"}
+
+    def changed_words(a: str, b: str) -> list[tuple[str, str]]:
+        return [(x, y) for x, y in zip(a.split(), b.split(), strict=True) if x != y]
+
+    for e in added:
+        task, rest = e["prompt"].split("\n", 1)
+        twin = next(o for o in by_rest[rest] if len(changed_words(o["prompt"], e["prompt"])) == 1)
+        [(old, new)] = changed_words(twin["prompt"], e["prompt"])
+        assert {old, new} <= verbs and f"{new} the" in task and twin["candidates"] == e["candidates"]
+        assert e["completion"] != twin["completion"] and e["candidates"][e["label"]] == e["completion"].strip()
+    assert {e["completion"].split()[0] for e in added} >= {"slice", "chop", "dice", "cook"}
+
+
 def test_bc_trains_exactly_the_distribution_acting_reads(rows, cloned):
     """Each example's prompt and candidates are what the policy builds when it meets that state,
     and its training loss is -log of the probability the acting distribution gives the label."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from dreamgym.config import ExperienceConfig
+from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.experience.cooking import TextWorldCooking
-from dreamgym.experience.domain import NO_RULES, Domain, named_domain
 from dreamgym.experience.format import apply_delta, fits, state_delta
 from dreamgym.experience.generate import ExperienceModel
 from dreamgym.experience.rerank import closest, situation
@@ -40,6 +40,9 @@ class Lamps:
 
     def task_objects(self, instruction: str) -> tuple[str, ...]:
         return ("bulb",) if "bulb" in instruction else ()
+
+    def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
+        return ()
 
 
 def hall(*visible: str, carried: tuple[str, ...] = ()) -> AbstractState:
@@ -85,3 +88,24 @@ def test_a_task_asks_for_its_recipes_ingredients():
     assert cooking.task_objects(task) == ("red hot pepper", "block of cheese")
     assert cooking.task_objects("Recipe: ingredients: milk. directions: prepare meal.") == ("milk",)
     assert cooking.task_objects("go to the kitchen") == () and NO_RULES.task_objects(task) == ()
+
+
+def test_a_step_that_carries_out_a_direction_has_a_task_for_each_other_verb_of_its_family():
+    cooking = TextWorldCooking()
+    task = (
+        "Recipe: ingredients: red hot pepper, block of cheese. directions: slice the red hot pepper; "
+        "dice the block of cheese; fry the red hot pepper; prepare meal."
+    )
+    cut = dict((action, changed) for changed, action in cooking.task_variants(task, "slice red hot pepper with knife"))
+    assert set(cut) == {"chop red hot pepper with knife", "dice red hot pepper with knife"}
+    assert cut["dice red hot pepper with knife"] == task.replace("slice the red hot pepper", "dice the red hot pepper")
+    cook = dict((action, changed) for changed, action in cooking.task_variants(task, "cook red hot pepper with stove"))
+    assert cook == {
+        "cook red hot pepper with oven": task.replace("fry the", "roast the"),
+        "cook red hot pepper with BBQ": task.replace("fry the", "grill the"),
+    }
+    # only the item the direction names, and only an action that carries out a direction
+    assert cooking.task_variants(task, "chop block of cheese with knife") == ()  # the recipe says dice
+    assert cooking.task_variants(task, "cook block of cheese with oven") == ()  # no cooking direction
+    assert cooking.task_variants(task, "take red hot pepper") == ()
+    assert NO_RULES.task_variants(task, "slice red hot pepper with knife") == ()

@@ -1,5 +1,5 @@
 """TextWorld cooking's rules for the experience model's retrieval (the `Domain` of
-experience/domain.py): measured in experience/rerank.py's history and benchmarks/results/.
+dreamgym/domain.py): measured in experience/rerank.py's history and benchmarks/results/.
 
 - How an action stands to its task: whether the recipe names the item acted on, and which of the
   action's other words its clauses on that item use (`slice` where the recipe says to slice it).
@@ -11,6 +11,10 @@ experience/domain.py): measured in experience/rerank.py's history and benchmarks
   comes with taking the knife only where the fridge is open.
 - The objects a task asks for are its recipe's ingredients (`Recipe: ingredients: a, b.`, as
   `envs/textworld_env.compact_recipe` writes the task).
+- A direction of the recipe asks for one action on its ingredient, and the verbs of one family can
+  stand in each other's place: `slice`, `chop`, `dice` (with the knife); `fry`, `roast`, `grill`
+  (cook with the stove, the oven, the BBQ). So the step that slices the carrot because the recipe
+  says `slice the carrot` would dice it under `dice the carrot`: BC's counterfactual tasks.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from dreamgym.state import AbstractState, item_name
 
 _OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
 _INGREDIENTS = re.compile(r"\bingredients: (.*?)\. directions:")
+# tw-cooking's directions: verb -> the action it asks for on its ingredient, by family.
+_DIRECTION_FAMILIES = (
+    {"slice": "slice {} with knife", "chop": "chop {} with knife", "dice": "dice {} with knife"},
+    {"fry": "cook {} with stove", "roast": "cook {} with oven", "grill": "cook {} with BBQ"},
+)
 
 
 @dataclass(frozen=True)
@@ -66,3 +75,23 @@ class TextWorldCooking:
         if found is None:
             return ()
         return tuple(name for name in (part.strip() for part in found[1].split(",")) if name)
+
+    def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
+        """For an action that carries out a direction of the recipe (`dice carrot with knife` under
+        `dice the carrot`), the recipe with that direction's verb replaced by each other verb of its
+        family that the recipe does not already use on the item, and the action that one asks for."""
+        variants = []
+        for family in _DIRECTION_FAMILIES:
+            for verb, template in family.items():
+                before, after = template.split("{}")
+                if not (action.startswith(before) and action.endswith(after)):
+                    continue
+                item = action[len(before) : len(action) - len(after)]
+                direction = whole_word(f"{verb} the {item}").search(instruction)
+                if direction is None:
+                    continue
+                head, tail = instruction[: direction.start()], instruction[direction.end() :]
+                for other, other_template in family.items():
+                    if other != verb and not whole_word(f"{other} the {item}").search(instruction):
+                        variants.append((f"{head}{other} the {item}{tail}", other_template.format(item)))
+        return tuple(variants)

@@ -33,9 +33,9 @@ from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_instructions
 from dreamgym.config import ExperienceConfig
+from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Step
 from dreamgym.experience.annotate import Annotator, describe_change
-from dreamgym.experience.domain import NO_RULES, Domain, named_domain
 from dreamgym.experience.format import (
     Worked,
     format_completion,

@@ -48,10 +48,10 @@ import torch
 from transformers import LogitsProcessorList
 
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_part
+from dreamgym.domain import named_domain
 from dreamgym.envs.dynamics import Prediction, Query, Step
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.constrain import DeltaConstraint
-from dreamgym.experience.domain import named_domain
 from dreamgym.experience.examples import neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FORMAT_VERSION,

@@ -55,7 +55,7 @@ the 269 of held-out games 21–40 (reward 94.8% → 96.3%, end 96.7% → 98.5%; 
 before this rule was kept).
 
 The three rules that know the environment (relation to the task, kinds, open or closed things)
-are a `Domain`'s (experience/domain.py; TextWorld cooking's are experience/cooking.py); the rest
+are a `Domain`'s (dreamgym/domain.py; TextWorld cooking's are experience/cooking.py); the rest
 hold in any text environment. `RANKING_KEYS` names every key; `experience.ranking_off` switches
 any of them off.
 """
@@ -66,7 +66,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dreamgym.experience.domain import NO_RULES, Domain
+from dreamgym.domain import NO_RULES, Domain
 from dreamgym.experience.format import LIST_FIELDS, fits, state_delta, whole_word
 from dreamgym.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state

@@ -5,9 +5,12 @@ environment — the same action, a change that fits the state, the same items ac
 state items — and by three that need to know the environment: how an action stands to its task,
 what kind of thing it acts on, and which statuses of the things a change names decide whether it
 happens. A `Domain` answers those three, and names the objects a task asks for (a dreamt
-container or room holds them: see `dreamgym.placeholders`). `NoRules` answers none (those keys
-then tie and the generic ones decide): where a new environment starts. TextWorld cooking's answers are
-`experience/cooking.py`; `experience.domain` names the one a model is built and used with.
+container or room holds them: see `dreamgym.placeholders`). The policy's behaviour cloning asks it
+one more thing: how a task could have asked for another action at the same step (counterfactual
+tasks, dreamgym/policy/bc.py). `NoRules` answers none (those keys then tie and the generic ones
+decide; BC clones the steps as they are): where a new environment starts. TextWorld cooking's
+answers are `experience/cooking.py`; `experience.domain` names the one a model is built and used
+with, `policy.domain` the one BC uses.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from dreamgym.state import AbstractState
 
 
 class Domain(Protocol):
-    """An environment's rules for ranking worked examples. Implementations are frozen dataclasses
-    (hashable: ranked rows are cached per domain)."""
+    """An environment's rules for ranking worked examples and varying tasks. Implementations are
+    frozen dataclasses (hashable: ranked rows are cached per domain)."""
 
     def task_relation(self, instruction: str | None, state: AbstractState, action: str) -> Hashable | None:
         """How `action` in `state` stands to the task `instruction` (None: unknown task); two steps
@@ -42,6 +45,13 @@ class Domain(Protocol):
         """The objects `instruction` asks for, by their real names, in its order."""
         ...
 
+    def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
+        """Other tasks under which the step that takes `action` for `instruction` would take
+        another action: (the instruction with the one clause `action` carries out changed, the
+        action that instruction asks for instead). Behaviour cloning shows the policy the same
+        state under each (dreamgym/policy/bc.py)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NoRules:
@@ -59,16 +69,19 @@ class NoRules:
     def task_objects(self, instruction: str) -> tuple[str, ...]:
         return ()
 
+    def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
+        return ()
+
 
 NO_RULES = NoRules()
 
 
 def named_domain(name: str) -> Domain:
-    """The domain `experience.domain` names: 'textworld-cooking' or 'none' (`NoRules`)."""
+    """The domain `experience.domain` or `policy.domain` names: 'textworld-cooking' or 'none' (`NoRules`)."""
     if name == "none":
         return NO_RULES
     if name == "textworld-cooking":
         from dreamgym.experience.cooking import TextWorldCooking  # the one place that names an environment's rules
 
         return TextWorldCooking()
-    raise ValueError(f"experience.domain = {name!r} names no domain: use 'textworld-cooking' or 'none'")
+    raise ValueError(f"{name!r} names no domain: use 'textworld-cooking' or 'none' (experience.domain, policy.domain)")
