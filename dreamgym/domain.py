@@ -1,4 +1,4 @@
-"""The seam between the experience model's generic code and one environment's rules.
+"""The seam between generic code (the experience model, behaviour cloning) and one environment's rules.
 
 Retrieval ranks a query's candidate neighbours (rerank.py) by keys that hold in any text
 environment — the same action, a change that fits the state, the same items acted on, the share of

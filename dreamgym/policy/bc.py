@@ -89,10 +89,11 @@ def policy_kept_names(rows: Iterable[Mapping], config: PolicyConfig) -> frozense
 
 
 def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[str] | None = None) -> list[dict]:
-    """One example per step to imitate (see the module docstring for which steps and labels):
-    `prompt`, `completion` (the label as text), `candidates` (the available actions as scored)
-    and `label` (the label's index among them). A step whose label the policy could not choose
-    (`policy.avoid_repeats`: the episode already took it from that state) is no example."""
+    """One example per step to imitate (see the module docstring for which steps and labels),
+    followed by one for each of the step's counterfactual tasks (`policy.domain`): `prompt`,
+    `completion` (the label as text), `candidates` (the available actions as scored) and `label`
+    (the label's index among them). A label the policy could not choose (not available, or with
+    `policy.avoid_repeats` already taken from that state in the episode) makes no example."""
     domain = named_domain(config.domain)
     examples = []
     for episode in episodes(row for row in rows if row["source"] == "real"):
