@@ -535,12 +535,12 @@ class PolicyConfig:
             "The environment's rules behind BC's counterfactual tasks (dreamgym/domain.py): a step that "
             "carries out a clause of its task is also shown with that clause changed, labelled with the "
             "action the changed task asks for, so that the policy must read its task instead of recalling "
-            "its training games (dreamgym/policy/bc.py); 'none' (default): the steps as they are. Off "
-            "by default: the default policy then reads the cooking verb but can no longer tell slice "
-            "from dice (benchmarks/results/, 2026-11-26).",
+            "its training games (dreamgym/policy/bc.py); 'none': the steps as they are. With them (and "
+            "learning_rate 2e-3) BC wins 55 of 100 fresh held-out games against 38 "
+            "(benchmarks/results/, 2026-11-26).",
             part="examples",
         ),
-    ] = "none"
+    ] = "textworld-cooking"
     # Model (the same fields as the experience model's, for the same trainer)
     model: Annotated[
         str,
@@ -564,7 +564,15 @@ class PolicyConfig:
     # Behaviour cloning (dreamgym/policy/bc.py)
     epochs: Annotated[float, _help("BC passes over the examples.", gt=0, part="training")] = 12.0
     batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1, part="training")] = 16
-    learning_rate: Annotated[float, _help("BC peak learning rate.", gt=0, part="training")] = 1e-3
+    learning_rate: Annotated[
+        float,
+        _help(
+            "BC peak learning rate. At 1e-3 with counterfactual tasks the default policy never told slice "
+            "from dice (their embeddings merged); at 2e-3 it does.",
+            gt=0,
+            part="training",
+        ),
+    ] = 2e-3
     warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1, part="training")] = 0.05
     save_steps: Annotated[int, _help("BC checkpoint interval in steps.", ge=1, part="checkpoints")] = 200
 
