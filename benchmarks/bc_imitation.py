@@ -6,7 +6,8 @@ played greedily in the real games, on the training games and on held-out test-sp
         --variants before,labels,placeholders,default --json benchmarks/results/bc-DATE.json
 
 Variants (each a change of `policy` settings or of the examples, everything else the default):
-- `default`: expert labels at every step, placeholders, the choice objective (dreamgym/policy/bc.py);
+- `default`: expert labels at every step, counterfactual tasks, placeholders, the choice objective
+  (dreamgym/policy/bc.py);
 - `no-labels`: the old examples: the steps of won episodes, labelled with the action taken;
 - `no-placeholders`: real object names in the prompt;
 - `default+KEY=VALUE+...`: the default with `policy` fields changed, e.g. `default+epochs=10`.
