@@ -103,7 +103,7 @@ def test_bc_trains_exactly_the_distribution_acting_reads(rows, cloned):
     and its training loss is -log of the probability the acting distribution gives the label."""
     policy = load_policy(cloned.model_dir)
     kept = policy.kept_names
-    examples = bc_examples(rows, policy.config, kept)
+    examples = bc_examples(rows, SMALL_POLICY, kept)  # as cloned (a saved policy keeps its prompt settings only)
     episode = sorted(
         (row for row in rows if row["trajectory_id"] == rows[0]["trajectory_id"]), key=lambda row: row["step"]
     )
