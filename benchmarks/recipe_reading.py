@@ -47,9 +47,9 @@ def read_along_the_expert(policy: Policy, game: Path, domain_name: str, max_step
             if variants:  # the step carries out a clause of the task
                 available = set(parse_state(state).actions)
                 changed = [(text, action, "changed") for text, action in variants if action in available]
-                for instruction, wanted, how in [(task.instruction, expert, "as asked"), *changed]:
-                    observation = Observation(instruction, tuple(taken), state, tuple(left))
-                    [decision] = policy.act([observation], greedy=True)
+                asks = [(task.instruction, expert, "as asked"), *changed]
+                observations = [Observation(text, tuple(taken), state, tuple(left)) for text, _, _ in asks]
+                for (_, wanted, how), decision in zip(asks, policy.act(observations, greedy=True), strict=True):
                     counts[(expert.split()[0], how, decision.action == wanted)] += 1
             taken.append(expert)
             left.append(state)
