@@ -535,8 +535,7 @@ class PolicyConfig:
             "The environment's rules behind BC's counterfactual tasks (dreamgym/domain.py): a step that "
             "carries out a clause of its task is also shown with that clause changed, labelled with the "
             "action the changed task asks for, so that the policy must read its task instead of recalling "
-            "its training games (dreamgym/policy/bc.py); 'none': the steps as they are. With them (and "
-            "learning_rate 2e-3) BC wins 55 of 100 fresh held-out games against 38 "
+            "its training games (dreamgym/policy/bc.py); 'none': the steps as they are "
             "(benchmarks/results/, 2026-11-26).",
             part="examples",
         ),
@@ -567,12 +566,11 @@ class PolicyConfig:
     learning_rate: Annotated[
         float,
         _help(
-            "BC peak learning rate. At 1e-3 with counterfactual tasks the default policy never told slice "
-            "from dice (their embeddings merged); at 2e-3 it does.",
+            "BC peak learning rate.",
             gt=0,
             part="training",
         ),
-    ] = 2e-3
+    ] = 1e-3
     warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1, part="training")] = 0.05
     save_steps: Annotated[int, _help("BC checkpoint interval in steps.", ge=1, part="checkpoints")] = 200
 

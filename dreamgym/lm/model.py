@@ -99,8 +99,12 @@ def _intermediate_size(hidden_size: int) -> int:
     return max(64, round(hidden_size * 8 / 3 / 64) * 64)
 
 
-def init_model(tokenizer: PreTrainedTokenizerBase, config: ModelSettings, seed: int) -> LlamaForCausalLM:
-    """A randomly initialised small Llama sized by `config`; the same seed gives the same weights."""
+def init_model(
+    tokenizer: PreTrainedTokenizerBase, config: ModelSettings, seed: int, tie_embeddings: bool = True
+) -> LlamaForCausalLM:
+    """A randomly initialised small Llama sized by `config`; the same seed gives the same weights.
+    `tie_embeddings`: one matrix both reads tokens and scores them (the policy unties them:
+    dreamgym/policy/bc.py)."""
     model_config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
@@ -109,7 +113,7 @@ def init_model(tokenizer: PreTrainedTokenizerBase, config: ModelSettings, seed: 
         num_attention_heads=config.heads,
         num_key_value_heads=config.heads,
         max_position_embeddings=config.max_length,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

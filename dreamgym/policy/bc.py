@@ -19,10 +19,17 @@ carrot with knife`); the domain (dreamgym/domain.py) knows which clauses can cha
 ask for. Why: a policy can fit its training games without reading the recipe. The 12-epoch BC of
 2026-11-26 (without them) won 92.5% of its training games, yet on those games, with one recipe verb
 changed at the step that carries it out, it followed the new verb at 42 of 58 cooking steps and 55
-of 116 cutting ones (benchmarks/recipe_reading.py): it recalled each game. With them it follows
-58/58 and 114/116, and wins 55 of 100 fresh held-out games against 38. At learning rate 1e-3 the
-default policy never told `slice` from `dice` with them (their embeddings merged); 2e-3 is the
-default (benchmarks/results/README.md, 2026-11-26).
+of 116 cutting ones (benchmarks/recipe_reading.py): it recalled each game.
+
+Untied embeddings (the from-scratch policy reads tokens with one matrix and scores them with
+another). Counterfactual tasks show one state with `slice`, `chop` and `dice` as labels in turn; a
+policy that cannot yet read which one the recipe asks for does best scoring the three alike, and
+with one matrix for both jobs that also makes them read alike: their embeddings merged (cosine
+0.95), and the policy never learnt to read them. With tied embeddings this happened at learning
+rate 1e-3, and at 2e-3 in one of two runs of the same examples and seed (training is not
+bit-for-bit reproducible across processes, and here a rounding difference was enough: 100% or
+27.5% of the training games). Untied, at 1e-3, it follows the changed verb at 114 of 116 cutting
+steps and all 58 cooking ones (benchmarks/results/README.md, 2026-11-26).
 
 The objective is the acting rule (`policy.mode`):
 - `choice`: the policy acts by a softmax over the scores of the available actions, so BC minimises
@@ -149,7 +156,10 @@ def initial_policy(
             for text in (e["prompt"], e["completion"], *map(action_completion, e.get("candidates", ())))
         )
         tokenizer = train_tokenizer(texts, config.vocab_size)
-        model = init_model(tokenizer, config, seed)
+        # Untied: with one matrix for reading and scoring, learning to score `slice`, `chop` and
+        # `dice` alike (before the policy can read which one the recipe asks for) also makes them
+        # read alike, and the policy may then never learn to read them (module docstring).
+        model = init_model(tokenizer, config, seed, tie_embeddings=False)
     return Policy(model, tokenizer, config, kept_names=kept).eval()
 
 
