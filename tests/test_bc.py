@@ -164,3 +164,6 @@ def test_the_untrained_policy_starts_from_the_weights_bc_starts_from(rows, tmp_p
     second = initial_policy(examples, SMALL_POLICY, seed=1, kept=kept)
     for a, b in zip(first.model.parameters(), second.model.parameters()):
         assert torch.equal(a, b)
+    # Reading and scoring tokens with separate matrices (the module docstring of policy/bc.py)
+    reads, scores = first.model.get_input_embeddings().weight, first.model.get_output_embeddings().weight
+    assert reads.data_ptr() != scores.data_ptr() and not torch.equal(reads, scores)
