@@ -563,14 +563,7 @@ class PolicyConfig:
     # Behaviour cloning (dreamgym/policy/bc.py)
     epochs: Annotated[float, _help("BC passes over the examples.", gt=0, part="training")] = 12.0
     batch_size: Annotated[int, _help("BC examples per optimiser step.", ge=1, part="training")] = 16
-    learning_rate: Annotated[
-        float,
-        _help(
-            "BC peak learning rate.",
-            gt=0,
-            part="training",
-        ),
-    ] = 1e-3
+    learning_rate: Annotated[float, _help("BC peak learning rate.", gt=0, part="training")] = 1e-3
     warmup_ratio: Annotated[float, _help("BC warmup fraction of the steps.", ge=0, lt=1, part="training")] = 0.05
     save_steps: Annotated[int, _help("BC checkpoint interval in steps.", ge=1, part="checkpoints")] = 200
 

@@ -19,8 +19,8 @@ from dreamgym.policy.model import Observation, load_policy
 # enough (1 of 3 games won); 20 won 2 of 3 with two torch threads but 1 of 3 with one, as a test
 # worker may have; 30 win all three with either.
 # Without counterfactual tasks: from three games' recipes this policy cannot learn to read a recipe
-# verb (with them it won 1 of 3); what they add is tested on the examples, and measured on make
-# run's 40 games (benchmarks/results/README.md, 2026-11-26).
+# verb (with them it won 1 of 3 with tied embeddings, 0 of 3 untied); what they add is tested on
+# the examples, and measured on make run's 40 games (benchmarks/results/README.md, 2026-11-26).
 SMALL_POLICY = PolicyConfig(
     vocab_size=512,
     hidden_size=64,
