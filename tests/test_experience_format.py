@@ -24,6 +24,7 @@ from dreamgym.experience.annotate import (
     OpenAIAnnotator,
     describe_change,
     make_annotator,
+    stated_change,
     stated_outcome,
 )
 from dreamgym.experience.constrain import completion_pattern
@@ -601,6 +602,17 @@ def test_a_trace_states_the_reward_and_end_it_was_written_for(rows):
     # Traces in other words, or with a garbled number, state nothing.
     assert stated_outcome("The fridge opens, revealing milk. Nothing is scored.") is None
     assert stated_outcome("The score rises by 1.2.3: the action advances the task.") is None
+
+
+def test_a_trace_says_whether_the_state_changed_exactly_when_it_did(rows):
+    """`stated_change` reads back what `describe_change` said: for every real step, whether the
+    next state differs from the state (the rule that holds `no change` to the reasoning)."""
+    for row in rows:
+        state, next_state = states(row)
+        assert stated_change(_trace(row)) == (state != next_state), row["action"]
+    assert {stated_change(_trace(row)) for row in rows} == {True, False}  # the data has both
+    assert stated_change(describe_change(STATE, "open fridge", OPENED, 0, False)) is True
+    assert stated_change("The fridge opens, revealing milk.") is None  # other words state nothing
 
 
 def test_a_trace_names_what_an_opened_container_reveals_and_changed_states():

@@ -299,6 +299,49 @@ def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experien
     assert decoded("same as example 2", traces=(lost,)) == tail  # no such example: the parser says so
 
 
+def test_the_next_state_is_no_change_exactly_where_the_reasoning_said_nothing_changed(tiny_experience):
+    from dreamgym.experience.annotate import describe_change
+    from dreamgym.experience.constrain import DeltaConstraint
+    from dreamgym.experience.format import apply_delta, fits
+
+    state = AbstractState("kitchen", ("fridge (closed)", "table"), (), ("open fridge",))
+    opened = "visible: -fridge; +fridge (open)\nactions: -open fridge; +close fridge"
+    assert fits(state, opened)
+    opens = describe_change(state, "open fridge", apply_delta(state, opened), 0, False)
+    nothing = describe_change(state, "open fridge", state, 0, False)
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+
+    def first_line(reasoning: str, wants: dict[str, float], stated: bool = True, traces=(opens,)) -> str:
+        """The next state's first line, greedy, of a model that scores the lines `wants` so."""
+        text = f"<reasoning>{reasoning}</reasoning>\n<next_state>\n"
+        prefix = len(text)
+        while not text.endswith("\n") or len(text) == prefix:
+            written = text[prefix:]
+            scores = torch.randn(1, len(tokenizer)) * 0.1
+            scores[0, tokenizer.all_special_ids] = float("-inf")
+            for token, piece in enumerate(pieces):
+                for line, weight in wants.items():
+                    if piece and line.startswith(written + piece):
+                        scores[0, token] += weight + len(piece)
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            constrained = DeltaConstraint(tokenizer, [state], 0, [[opened]], stated, [traces])(ids, scores)
+            text += tokenizer.decode([int(constrained.argmax())])
+        return text[prefix:]
+
+    torch.manual_seed(0)
+    out_of_its_data = {"no change\n": 20, "same as example 1\n": 10}  # what the model did on new games
+    # Its reasoning copied the example that opens the fridge: the fridge opens.
+    assert first_line("same as example 1", out_of_its_data) == "same as example 1\n"
+    assert first_line(opens, out_of_its_data) == "same as example 1\n"  # written out, the same
+    assert first_line("same as example 1", out_of_its_data, stated=False) == "no change\n"  # the rule off
+    assert first_line("The fridge opens.", out_of_its_data) == "no change\n"  # other words state nothing
+    # Its reasoning said nothing changed: so does the next state.
+    copies = {"same as example 1\n": 20, "no change\n": 10}
+    assert first_line("same as example 1", copies, traces=(nothing,)) == "no change\n"
+    assert first_line("same as example 1", copies) == "same as example 1\n"
+
+
 def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, first_episode, monkeypatch):
     import dreamgym.experience.generate as generate
 

@@ -93,17 +93,34 @@ def _thing_changes(name: str, old: _Thing, new: _Thing) -> list[str]:
     return phrases
 
 
+_NOTHING = "Nothing changes: the action has no effect."
+_MOVES = "The player moves from the "
+_ONLY_ACTIONS = "Only the available actions change."
+_EFFECTS = "Effects: "
+
+
 def _what_changed(state: AbstractState, next_state: AbstractState) -> str:
     if state == next_state:
-        return "Nothing changes: the action has no effect."
+        return _NOTHING
     if state.location != next_state.location:
-        return f"The player moves from the {state.location} to the {next_state.location}."
+        return f"{_MOVES}{state.location} to the {next_state.location}."
     phrases = _item_changes(_things(state), _things(next_state))
     if not phrases:
-        return "Only the available actions change."
+        return _ONLY_ACTIONS
     # Led by a fixed word, not by a capitalised first name: the model copies names from the
     # prompt, where they are never capitalised.
-    return f"Effects: {'; '.join(phrases)}."
+    return f"{_EFFECTS}{'; '.join(phrases)}."
+
+
+def stated_change(trace: str) -> bool | None:
+    """Whether a `describe_change` trace says the state changed; None when it does not say so in
+    the annotator's words. Decoding holds the next state to it (`constrain.py`): the annotator
+    writes that nothing changes exactly when the next state is the state."""
+    if trace.startswith(_NOTHING):
+        return False
+    if trace.startswith((_MOVES, _ONLY_ACTIONS, _EFFECTS)):
+        return True
+    return None
 
 
 _RISES = "The score rises by {}: the action advances the task."

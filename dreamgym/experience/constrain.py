@@ -22,7 +22,10 @@ The model writes its reasoning first, and a long next state in between sometimes
 what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
 the reasoning states the score and the end in the default annotator's words
 (`annotate.stated_outcome`), itself or by naming a worked example whose trace does, the reward and
-done after the next state are held to what it said.
+done after the next state are held to what it said; and when it says whether anything changed
+(`annotate.stated_change`), the next state is `no change` exactly when it said nothing did. Out of
+its data the model otherwise copies an example's trace, "Effects: fridge is now open; ...", and
+then writes `no change` (49 of 87 `open` steps of new games did, 2026-11-26).
 Out of its data (a place, a thing or a move it never saw) the model also loses the format itself:
 it opens a second `<next_state>`, writes `actions:` twice or runs an entry into the next tag. So
 the completion is kept a prefix of the format's language (`completion_pattern`: the sections in
@@ -41,8 +44,16 @@ from collections.abc import Sequence
 import regex
 import torch
 
-from dreamgym.experience.annotate import stated_outcome
-from dreamgym.experience.format import SAME_AS, FormatError, fits, format_number, removal_texts, resolve_reference
+from dreamgym.experience.annotate import stated_change, stated_outcome
+from dreamgym.experience.format import (
+    NO_CHANGE,
+    SAME_AS,
+    FormatError,
+    fits,
+    format_number,
+    removal_texts,
+    resolve_reference,
+)
 from dreamgym.state import ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
@@ -114,6 +125,29 @@ def _heads_for_reference(text: str) -> bool:
     return bool(text) and (_REFERENCE.startswith(text) or text.startswith(_REFERENCE))
 
 
+def _stated_trace(generated: str, end: int, traces: Sequence[str | None]) -> str | None:
+    """The reasoning written before `end`, or the trace of the worked example it names."""
+    reasoning = _REASONING.search(generated, 0, end)
+    if reasoning is None:
+        return None
+    try:
+        return resolve_reference(reasoning[1].strip(), traces, "reasoning")
+    except FormatError:  # it names an example the prompt lacks: the parser will say so
+        return None
+
+
+def stated_first_line(generated: str, traces: Sequence[str | None] = ()) -> tuple[str, bool] | None:
+    """(the next state's first line so far, whether the reasoning said the state changed) while
+    `generated` ends on that line and the reasoning said so (`annotate.stated_change`), itself
+    or by naming a worked example whose trace does; None anywhere else."""
+    written = _reference_line(generated)
+    if written is None:
+        return None
+    trace = _stated_trace(generated, generated.rfind(_OPEN), traces)
+    changed = None if trace is None else stated_change(trace)
+    return None if changed is None else (written, changed)
+
+
 def stated_tail(generated: str, traces: Sequence[str | None] = ()) -> tuple[str, str] | None:
     """(what follows the next state so far, what it must be) once the next state is closed and
     the reasoning stated the outcome (`annotate.stated_outcome`), itself or by naming a worked
@@ -121,14 +155,8 @@ def stated_tail(generated: str, traces: Sequence[str | None] = ()) -> tuple[str,
     closed = generated.find(_CLOSE)
     if closed < 0:  # most steps: the reasoning is read only once the next state is closed
         return None
-    reasoning = _REASONING.search(generated, 0, closed)
-    if reasoning is None:
-        return None
-    try:
-        trace = resolve_reference(reasoning[1].strip(), traces, "reasoning")
-    except FormatError:  # it names an example the prompt lacks: the parser will say so
-        return None
-    if (outcome := stated_outcome(trace)) is None:
+    trace = _stated_trace(generated, closed, traces)
+    if trace is None or (outcome := stated_outcome(trace)) is None:
         return None
     reward, done = outcome
     tail = f"\n<reward>{format_number(reward)}</reward>\n<done>{'true' if done else 'false'}</done>"
@@ -212,6 +240,7 @@ class DeltaConstraint:
         for row, state in enumerate(self.states):
             if self.stated:
                 self._constrain_tail(row, scores)
+                self._constrain_change(row, scores)
             self._constrain_reference(row, scores)
             self._constrain_entries(row, state, scores)
             self._constrain_format(row, scores)  # last: it picks among what the others allow
@@ -289,6 +318,26 @@ class DeltaConstraint:
         if allowed:
             mask = torch.full_like(scores[row], float("-inf"))
             mask[allowed] = 0
+            scores[row] = scores[row] + mask
+
+    def _constrain_change(self, row: int, scores: torch.FloatTensor) -> None:
+        """The next state is `no change` where the reasoning said nothing changed, and is not
+        where it said something did."""
+        found = stated_first_line(self.generated[row], self.traces[row])
+        unchanged = f"{NO_CHANGE}\n"
+        if found is None or not unchanged.startswith(found[0]):
+            return  # off the rule's line, or it went its own way before the rule could act
+        written, changed = found
+        heading = [
+            token
+            for token, piece in self.by_first.get(unchanged[len(written)], ())
+            if token < scores.shape[1] and _fits(written + piece, [unchanged])
+        ]
+        if changed:
+            scores[row, heading] = float("-inf")
+        elif heading:
+            mask = torch.full_like(scores[row], float("-inf"))
+            mask[heading] = 0
             scores[row] = scores[row] + mask
 
     def _constrain_reference(self, row: int, scores: torch.FloatTensor) -> None:
