@@ -472,8 +472,8 @@ class CurriculumConfig:
     variation_fraction: Annotated[
         float,
         _help(
-            "λ: share of each epoch's tasks that are new variations written by the experience model "
-            "(rejected ones are replaced by pool tasks); 0 writes none.",
+            "λ: share of each epoch's tasks that are new variations (rejected ones are replaced by "
+            "pool tasks); 0 writes none.",
             ge=0.0,
             le=1.0,
         ),
@@ -482,6 +482,14 @@ class CurriculumConfig:
         float,
         _help("Variations are written from this top-scoring share of the seed tasks (at least one).", gt=0.0, le=1.0),
     ] = 0.5
+    variations: Annotated[
+        Literal["model", "domain"],
+        _help(
+            "Who writes the variations: 'model', the experience model's backbone (the paper; "
+            "experience.variations_per_task trains it to); 'domain', the environment's rules "
+            "(experience.domain): the seed's start under another task it could pose."
+        ),
+    ] = "model"
 
 
 @dataclass(config=_STRICT)

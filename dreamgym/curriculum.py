@@ -11,8 +11,9 @@ A task that was always solved or always failed scores 0; a task never tried scor
 (1, or with `variance` the largest score of any tried task) so that it is tried first.
 
 Each epoch `draw` returns `tasks_per_epoch` tasks. A share `variation_fraction` (the paper's cap
-λ on synthetic tasks per iteration) are new *variations*, written by the experience model's
-backbone from the top-scoring `top_fraction` of the seed tasks and checked by `check_variation`
+λ on synthetic tasks per iteration) are new *variations* of the top-scoring `top_fraction` of the
+seed tasks, written by the experience model's backbone (the paper) or by the environment's rules
+(`domain_variation_writer`: the seed's start with another task), and checked by `check_variation`
 (parseable state, available actions, no duplicate, no new action types); rejected ones are
 logged with the reason and counted, accepted ones join the pool for good. The other slots go to
 pool tasks sampled without replacement with probability proportional to their score, tasks
@@ -33,10 +34,11 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from dreamgym.config import CurriculumConfig
+from dreamgym.domain import Domain
 from dreamgym.envs.base import Task
 from dreamgym.state import StateParseError, parse_state
 
@@ -44,7 +46,7 @@ logger = logging.getLogger("dreamgym.curriculum")
 
 STATE_VERSION = 1
 
-WriteVariations = Callable[[Sequence[Task], int], list[Task]]
+WriteVariations = Callable[[Sequence[Task], int], Iterable[Task]]
 
 
 # ---------------------------------------------------------------- scores (pure functions)
@@ -142,6 +144,29 @@ def check_variation(candidate: Task, seed: Task, known: set[tuple[str, str]], kn
     return None
 
 
+def domain_variation_writer(domain: Domain, seed: int = 0) -> WriteVariations:
+    """`write_variations` from an environment's rules: each seed's initial state under each of the
+    other tasks it could pose (`Domain.instruction_variants`), offered one at a time as the
+    curriculum takes them, none twice. The order depends only on `seed` and the seeds offered, so a
+    resumed run takes the same ones (those already in its pool come back once, and are rejected as
+    duplicates)."""
+    offered: set[tuple[str, str]] = set()
+
+    def write(seeds: Sequence[Task], count: int) -> Iterator[Task]:
+        candidates = [
+            dataclasses.replace(task, instruction=instruction)
+            for task in seeds
+            for instruction in domain.instruction_variants(task.instruction)
+        ]
+        random.Random(f"{seed}:variations:{','.join(task.task_id for task in seeds)}").shuffle(candidates)
+        for task in candidates:
+            if (task.instruction, task.initial_state or "") not in offered:
+                offered.add((task.instruction, task.initial_state or ""))
+                yield task
+
+    return write
+
+
 # ---------------------------------------------------------------- sampling
 
 
@@ -167,10 +192,11 @@ def weighted_sample(rng: random.Random, items: Sequence[Any], weights: Sequence[
 class Curriculum:
     """Per-task reward statistics, the task pool (seeds and accepted variations) and the draw.
 
-    `write_variations(top_seeds, count)` returns candidate tasks; each one's `task_id` names the
-    seed it varies (the seed's own id, or `<seed id>~<anything>`), e.g. `dataclasses.replace(seed,
-    instruction=..., initial_state=...)`. Accepted ones get a `variation_id` and the seed's env
-    and max_score. `known_verbs` defaults to the action types of the seeds' initial states.
+    `write_variations(top_seeds, count)` returns candidate tasks, of which the first `count` that
+    pass `check_variation` are kept; each one's `task_id` names the seed it varies (the seed's own
+    id, or `<seed id>~<anything>`), e.g. `dataclasses.replace(seed, instruction=...,
+    initial_state=...)`. Accepted ones get a `variation_id` and the seed's env and max_score.
+    `known_verbs` defaults to the action types of the seeds' initial states.
     """
 
     def __init__(
@@ -287,10 +313,10 @@ class Curriculum:
             return []
         top = self._top_seeds(rng, scores)
         offered = {task.task_id: task for task in top}
-        candidates = list(self.write_variations(top, wanted))[:wanted]
+        candidates = self.write_variations(top, wanted)
         known = {(task.instruction, task.initial_state or "") for task in self.pool.values()}
         accepted: list[Task] = []
-        for candidate in candidates:
+        for candidate in candidates:  # a writer may offer more than asked: the first that pass
             origin = offered.get(candidate.task_id) or offered.get(candidate.task_id.rsplit("~", 1)[0])
             if origin is None:
                 reason = (
@@ -315,6 +341,8 @@ class Curriculum:
             known.add((task.instruction, task.initial_state or ""))
             accepted.append(task)
             self.accepted += 1
+            if len(accepted) == wanted:
+                break
         return accepted
 
     def _add(self, task: Task) -> None:

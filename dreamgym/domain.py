@@ -7,7 +7,8 @@ what kind of thing it acts on, and which statuses of the things a change names d
 happens. A `Domain` answers those three, and names the objects a task asks for (a dreamt
 container or room holds them: see `dreamgym.placeholders`). The policy's behaviour cloning asks it
 one more thing: how a task could have asked for another action at the same step (counterfactual
-tasks, dreamgym/policy/bc.py). `NoRules` answers none (those keys then tie and the generic ones
+tasks, dreamgym/policy/bc.py); the curriculum may ask it for other tasks a seed's start could pose
+(its variations). `NoRules` answers none (those keys then tie and the generic ones
 decide; BC clones the steps as they are): where a new environment starts. TextWorld cooking's
 answers are `experience/cooking.py`; `experience.domain` names the one a model is built and used
 with, `policy.domain` the one BC uses.
@@ -52,6 +53,12 @@ class Domain(Protocol):
         state under each (dreamgym/policy/bc.py)."""
         ...
 
+    def instruction_variants(self, instruction: str) -> tuple[str, ...]:
+        """Other tasks the same initial state could pose that can still be won: `instruction`
+        with what it asks changed, the objects kept (the curriculum's variations when
+        `curriculum.variations` is 'domain', dreamgym/curriculum.py)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NoRules:
@@ -70,6 +77,9 @@ class NoRules:
         return ()
 
     def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def instruction_variants(self, instruction: str) -> tuple[str, ...]:
         return ()
 
 

@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.config import PipelineConfig, RLConfig, config_to_dict
-from dreamgym.curriculum import Curriculum
+from dreamgym.curriculum import Curriculum, domain_variation_writer
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
@@ -195,7 +195,7 @@ def dream_rl_task(
     train_games_dir: str | None = None,
 ) -> RLResult:
     """RL in DreamEnv on the real initial states of the training tasks, with the curriculum and
-    its variations written by the experience model; synthetic transitions written back. With
+    its variations (`curriculum.variations`); synthetic transitions written back. With
     `train_games_dir`, each epoch's seed tasks are also played in their real games (the
     dream-vs-real gap, logged per epoch; never learned from)."""
     from dreamgym.buffer.migrations import open_migrated
@@ -210,7 +210,9 @@ def dream_rl_task(
         if config.rl.write_back and database is None:
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
         writer = None
-        if experience.model is not None and config.experience.variations_per_task:
+        if config.curriculum.variations == "domain":
+            writer = domain_variation_writer(experience.domain, config.seed)
+        elif experience.model is not None and config.experience.variations_per_task:
             writer = variation_writer(experience.model, experience.tokenizer, config.seed)
         curriculum = Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
 

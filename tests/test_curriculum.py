@@ -12,6 +12,7 @@ from dreamgym.curriculum import (
     Curriculum,
     binary_entropy,
     check_variation,
+    domain_variation_writer,
     reward_variance,
     task_score,
     variation_id,
@@ -293,6 +294,41 @@ def test_variations_are_checked_logged_counted_and_pooled(caplog):
     # Accepted variations are pool tasks from now on: recorded, scored, drawn.
     curriculum.record(pear, [1.0, 0.0], [True, False])
     assert curriculum.score(pear) == 1.0
+
+
+class Adverbs:
+    """A toy domain: the same start poses the task done twice or slowly."""
+
+    def instruction_variants(self, instruction: str) -> tuple[str, ...]:
+        return (f"{instruction} twice", f"{instruction} slowly")
+
+
+def test_domain_variations_pose_other_tasks_from_the_seeds_start_each_once():
+    seeds = seed_tasks()
+    cfg = config(tasks_per_epoch=8, variation_fraction=0.25, top_fraction=1.0)
+    curriculum = Curriculum(seeds, cfg, seed=3, write_variations=domain_variation_writer(Adverbs(), seed=3))
+    new_per_epoch = []
+    for epoch in range(4):
+        before = set(curriculum.pool)
+        curriculum.draw(epoch)
+        new_per_epoch.append([curriculum.pool[task_id] for task_id in curriculum.pool if task_id not in before])
+    assert [len(new) for new in new_per_epoch] == [2, 2, 2, 0]  # 3 seeds x 2 variants, then none left
+    starts = {task.task_id: task.initial_state for task in seeds}
+    for task in (task for new in new_per_epoch for task in new):
+        origin = task.task_id.split("~")[0]
+        assert task.initial_state == starts[origin]
+        assert task.instruction in Adverbs().instruction_variants(
+            dict((t.task_id, t.instruction) for t in seeds)[origin]
+        )
+    assert curriculum.metrics()["variations_rejected"] == 0
+    # Resumed after epoch 0 with a new writer: the same tasks, epoch by epoch.
+    original = Curriculum(seeds, cfg, seed=3, write_variations=domain_variation_writer(Adverbs(), seed=3))
+    original.draw(0)
+    state = json.loads(json.dumps(original.state_dict()))
+    resumed = Curriculum.from_state_dict(state, seeds, cfg, write_variations=domain_variation_writer(Adverbs(), seed=3))
+    for epoch in (1, 2, 3):
+        assert resumed.draw(epoch) == original.draw(epoch)
+    assert resumed.pool == original.pool == curriculum.pool
 
 
 def test_no_action_types_to_check_against_is_an_error():

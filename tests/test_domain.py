@@ -44,6 +44,9 @@ class Lamps:
     def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
         return ()
 
+    def instruction_variants(self, instruction: str) -> tuple[str, ...]:
+        return ()
+
 
 def hall(*visible: str, carried: tuple[str, ...] = ()) -> AbstractState:
     actions = ("put bulb in lamp", "switch lamp") if carried else ("switch lamp", "take bulb from shelf")
@@ -109,3 +112,28 @@ def test_a_step_that_carries_out_a_direction_has_a_task_for_each_other_verb_of_i
     assert cooking.task_variants(task, "cook block of cheese with oven") == ()  # no cooking direction
     assert cooking.task_variants(task, "take red hot pepper") == ()
     assert NO_RULES.task_variants(task, "slice red hot pepper with knife") == ()
+
+
+def test_a_recipe_poses_the_tasks_its_tools_can_still_win_from_the_same_start():
+    cooking = TextWorldCooking()
+    task = (
+        "Recipe: ingredients: red hot pepper, block of cheese. directions: slice the red hot pepper; "
+        "dice the block of cheese; fry the red hot pepper; prepare meal."
+    )
+    variants = cooking.instruction_variants(task)
+    assert set(variants) == {
+        task.replace("slice the red hot pepper", "chop the red hot pepper"),
+        task.replace("slice the red hot pepper", "dice the red hot pepper"),
+        task.replace("dice the block of cheese", "slice the block of cheese"),
+        task.replace("dice the block of cheese", "chop the block of cheese"),
+        # the two cutting verbs swapped between the ingredients
+        task.replace("slice the red hot pepper", "dice the red hot pepper").replace(
+            "dice the block of cheese", "slice the block of cheese"
+        ),
+    }
+    assert len(variants) == 5  # no roast or grill: the oven and the BBQ may not be in this game
+    both_cooked = task.replace("prepare meal", "roast the block of cheese; prepare meal")
+    roasted = both_cooked.replace("fry the red hot pepper", "roast the red hot pepper")
+    assert roasted in cooking.instruction_variants(both_cooked)  # the recipe needs the oven anyway
+    assert cooking.instruction_variants("Recipe: ingredients: red apple. directions: prepare meal.") == ()
+    assert NO_RULES.instruction_variants(task) == ()

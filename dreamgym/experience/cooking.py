@@ -15,10 +15,15 @@ dreamgym/domain.py): measured in experience/rerank.py's history and benchmarks/r
   stand in each other's place: `slice`, `chop`, `dice` (with the knife); `fry`, `roast`, `grill`
   (cook with the stove, the oven, the BBQ). So the step that slices the carrot because the recipe
   says `slice the carrot` would dice it under `dice the carrot`: BC's counterfactual tasks.
+- The same start poses another task that can be won where a direction's verb changes to one whose
+  tool the recipe already needs (any cutting verb with the knife; roast only if the recipe roasts
+  something, since the oven, unlike the knife, may not be in the game), or two ingredients of a
+  family swap their verbs (`dice the carrot; slice the pepper`): the curriculum's variations.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -95,3 +100,40 @@ class TextWorldCooking:
                     if other != verb and not whole_word(f"{other} the {item}").search(instruction):
                         variants.append((f"{head}{other} the {item}{tail}", other_template.format(item)))
         return tuple(variants)
+
+    def _directions(self, instruction: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(verb, ingredient, its family) of each direction of the recipe on an ingredient."""
+        return [
+            (verb, item, family)
+            for item in self.task_objects(instruction)
+            for family in _DIRECTION_FAMILIES
+            for verb in family
+            if whole_word(f"{verb} the {item}").search(instruction)
+        ]
+
+    def instruction_variants(self, instruction: str) -> tuple[str, ...]:
+        """The recipe with one direction's verb changed to another of its family whose tool the
+        recipe already needs, and with two ingredients' verbs of one family swapped; each once,
+        in the recipe's order."""
+        directions = self._directions(instruction)
+        tools = {family[verb].split("{}")[1] for verb, _, family in directions}
+        asked = {(verb, item) for verb, item, _ in directions}
+
+        def rewrite(changes: dict[str, str]) -> str:  # "verb the item" -> "verb' the item"
+            pattern = re.compile("|".join(whole_word(old).pattern for old in changes))
+            return pattern.sub(lambda found: changes[found[0]], instruction)
+
+        variants: list[str] = []
+        for verb, item, family in directions:
+            for other, template in family.items():
+                if other != verb and template.split("{}")[1] in tools and (other, item) not in asked:
+                    variants.append(rewrite({f"{verb} the {item}": f"{other} the {item}"}))
+        for (verb, item, family), (other, other_item, other_family) in itertools.combinations(directions, 2):
+            swappable = family is other_family and verb != other and item != other_item
+            if swappable and (other, item) not in asked and (verb, other_item) not in asked:
+                swapped = {
+                    f"{verb} the {item}": f"{other} the {item}",
+                    f"{other} the {other_item}": f"{verb} the {other_item}",
+                }
+                variants.append(rewrite(swapped))
+        return tuple(dict.fromkeys(variant for variant in variants if variant != instruction))
