@@ -313,13 +313,11 @@ def test_domain_variations_pose_other_tasks_from_the_seeds_start_each_once():
         curriculum.draw(epoch)
         new_per_epoch.append([curriculum.pool[task_id] for task_id in curriculum.pool if task_id not in before])
     assert [len(new) for new in new_per_epoch] == [2, 2, 2, 0]  # 3 seeds x 2 variants, then none left
-    starts = {task.task_id: task.initial_state for task in seeds}
+    origins = {task.task_id: task for task in seeds}
     for task in (task for new in new_per_epoch for task in new):
-        origin = task.task_id.split("~")[0]
-        assert task.initial_state == starts[origin]
-        assert task.instruction in Adverbs().instruction_variants(
-            dict((t.task_id, t.instruction) for t in seeds)[origin]
-        )
+        origin = origins[task.task_id.split("~")[0]]
+        assert task.initial_state == origin.initial_state
+        assert task.instruction in Adverbs().instruction_variants(origin.instruction)
     assert curriculum.metrics()["variations_rejected"] == 0
     # Resumed after epoch 0 with a new writer: the same tasks, epoch by epoch.
     original = Curriculum(seeds, cfg, seed=3, write_variations=domain_variation_writer(Adverbs(), seed=3))
