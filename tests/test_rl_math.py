@@ -423,3 +423,9 @@ def test_collapse_warnings_success_falling_to_zero():
     assert "success rate" in messages[0] and "0.50" in messages[0] and "epoch 2" in messages[0]
     both = collapse_warnings([_row(0, 1.0, 0.75), _row(1, 0.001, 0.0)])
     assert len(both) == 2
+
+
+def test_an_epoch_the_budget_cut_entirely_is_no_collapse():
+    """An epoch whose every episode the real budget cut has no success rate (none finished), not 0."""
+    cut_short = {"epoch": 2.0, "entropy": 1.0, "episodes": 0.0, "cut_episodes": 8.0}
+    assert collapse_warnings([_row(0, 1.0, 0.5), _row(1, 1.0, 0.75), cut_short]) == []

@@ -92,10 +92,10 @@ def collapse_warnings(history: Sequence[dict[str, float]]) -> list[str]:
             f"epoch {last['epoch']}: policy entropy collapsed to {last['entropy']:.3f} nats "
             "(it no longer explores); raise rl.entropy_coef or rl.kl_coef, or lower the learning rate"
         )
-    best = max(row["success_rate"] for row in history)
-    if best > 0 and last["success_rate"] == 0 and len(history) > 1:
+    rates = [row["success_rate"] for row in history if "success_rate" in row]  # absent: none finished
+    if last.get("success_rate") == 0 and max(rates) > 0:
         messages.append(
-            f"epoch {last['epoch']}: success rate collapsed to 0 after reaching {best:.2f}; "
+            f"epoch {last['epoch']}: success rate collapsed to 0 after reaching {max(rates):.2f}; "
             "lower rl.learning_rate or raise rl.kl_coef"
         )
     return messages
@@ -179,16 +179,21 @@ def _update(
 
 
 def _episode_metrics(episodes: Sequence[Episode], reward: str) -> dict[str, float]:
+    """The epoch's outcomes over the episodes that finished; where the real budget cut them all,
+    success, return and steps are unknown and left out (not 0: that would read as a collapse)."""
     finished = [episode for episode in episodes if not episode.cut]
-    count = max(len(finished), 1)
-    return {
+    metrics = {
         "episodes": float(len(finished)),
-        "success_rate": sum(episode.won for episode in finished) / count,
-        "return_mean": sum(episode.episode_return(reward) for episode in finished) / count,
-        "steps_mean": sum(episode.steps for episode in finished) / count,
         "model_failures": float(sum(sum(episode.model_failures) for episode in episodes)),
         "cut_episodes": float(len(episodes) - len(finished)),
     }
+    if finished:
+        metrics |= {
+            "success_rate": sum(episode.won for episode in finished) / len(finished),
+            "return_mean": sum(episode.episode_return(reward) for episode in finished) / len(finished),
+            "steps_mean": sum(episode.steps for episode in finished) / len(finished),
+        }
+    return metrics
 
 
 def train_rl(
@@ -357,7 +362,9 @@ def _train_rl(
             )
             if on_epoch is not None:
                 on_epoch(metrics)
-            bar.set_postfix(success=f"{metrics['success_rate']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
+            bar.set_postfix(
+                success=f"{metrics.get('success_rate', float('nan')):.2f}", loss=f"{metrics.get('loss', 0):.3f}"
+            )
             bar.update()
     for env in envs:
         env.close()
