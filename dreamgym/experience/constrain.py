@@ -258,18 +258,9 @@ class DeltaConstraint:
         found = _removal(state, line)
         if found is not None:
             written, endings = found
-            endings = [ending for ending in endings if ending.startswith(written)]
-            following = {ending[len(written)] for ending in endings}
-            allowed = [
-                token
-                for char in following
-                for token, piece in self.by_first.get(char, ())
-                if token < scores.shape[1] and _fits(written + piece, endings)
-            ]
+            allowed = self._tokens_toward(written, endings, scores.shape[1])
             if allowed:  # no item fits what was written: leave it to the parser to refuse
-                mask = torch.full_like(scores[row], float("-inf"))
-                mask[allowed] = 0
-                scores[row] = scores[row] + mask
+                _keep_only(scores, row, allowed)
 
     def _constrain_format(self, row: int, scores: torch.FloatTensor) -> None:
         """Keep the completion a prefix of the format (`completion_pattern`): of the best-scored
@@ -297,9 +288,19 @@ class DeltaConstraint:
             if self.greedy and kept:
                 kept = [max(kept, key=lambda token: scores[row, token].item())]
         if kept:  # no token fits: leave it to the parser to refuse
-            mask = torch.full_like(scores[row], float("-inf"))
-            mask[kept] = 0
-            scores[row] = scores[row] + mask
+            _keep_only(scores, row, kept)
+
+    def _tokens_toward(self, written: str, endings: Sequence[str], width: int) -> set[int]:
+        """The tokens (of the first `width`) that keep `written` on the way to one of `endings`."""
+        following = {
+            ending[len(written)] for ending in endings if len(ending) > len(written) and ending.startswith(written)
+        }
+        return {
+            token
+            for char in following
+            for token, piece in self.by_first.get(char, ())
+            if token < width and _fits(written + piece, endings)
+        }
 
     def _constrain_tail(self, row: int, scores: torch.FloatTensor) -> None:
         """Keep what follows the next state on the way to the reward and done the reasoning
@@ -310,15 +311,9 @@ class DeltaConstraint:
         written, tail = found
         if not tail.startswith(written) or written == tail:
             return  # it went its own way before the rule could act (or is done): the parser reads it
-        allowed = [
-            token
-            for token, piece in self.by_first.get(tail[len(written)], ())
-            if token < scores.shape[1] and _fits(written + piece, [tail])
-        ]
+        allowed = self._tokens_toward(written, [tail], scores.shape[1])
         if allowed:
-            mask = torch.full_like(scores[row], float("-inf"))
-            mask[allowed] = 0
-            scores[row] = scores[row] + mask
+            _keep_only(scores, row, allowed)
 
     def _constrain_change(self, row: int, scores: torch.FloatTensor) -> None:
         """The next state is `no change` where the reasoning said nothing changed, and is not
@@ -328,17 +323,11 @@ class DeltaConstraint:
         if found is None or not unchanged.startswith(found[0]):
             return  # off the rule's line, or it went its own way before the rule could act
         written, changed = found
-        heading = [
-            token
-            for token, piece in self.by_first.get(unchanged[len(written)], ())
-            if token < scores.shape[1] and _fits(written + piece, [unchanged])
-        ]
+        heading = self._tokens_toward(written, [unchanged], scores.shape[1])
         if changed:
-            scores[row, heading] = float("-inf")
+            scores[row, list(heading)] = float("-inf")
         elif heading:
-            mask = torch.full_like(scores[row], float("-inf"))
-            mask[heading] = 0
-            scores[row] = scores[row] + mask
+            _keep_only(scores, row, heading)
 
     def _constrain_reference(self, row: int, scores: torch.FloatTensor) -> None:
         """Mask the tokens that would take the first line towards a reference that does not fit."""
@@ -347,16 +336,8 @@ class DeltaConstraint:
             return
         endings = self.references[row]
         if len(written) >= len(_REFERENCE):  # every token now goes on with a reference: keep those that fit
-            allowed = {
-                token
-                for ending in endings
-                if len(ending) > len(written) and ending.startswith(written)
-                for token, piece in self.by_first.get(ending[len(written)], ())
-                if token < scores.shape[1] and _fits(written + piece, endings)
-            }
-            mask = torch.full_like(scores[row], float("-inf"))
-            mask[list(allowed | self.silent)] = 0  # special tokens write nothing: left to the parser
-            scores[row] = scores[row] + mask
+            allowed = self._tokens_toward(written, endings, scores.shape[1])
+            _keep_only(scores, row, allowed | self.silent)  # special tokens write nothing: left to the parser
             return
         masked = [
             token
@@ -364,6 +345,13 @@ class DeltaConstraint:
             if token < scores.shape[1] and _heads_for_reference(written + piece) and not _fits(written + piece, endings)
         ]
         scores[row, masked] = float("-inf")
+
+
+def _keep_only(scores: torch.FloatTensor, row: int, tokens) -> None:
+    """Mask every token of `row` but `tokens`."""
+    mask = torch.full_like(scores[row], float("-inf"))
+    mask[list(tokens)] = 0
+    scores[row] = scores[row] + mask
 
 
 def _fits(text: str, endings: Sequence[str]) -> bool:
