@@ -144,6 +144,11 @@ def check_variation(candidate: Task, seed: Task, known: set[tuple[str, str]], kn
     return None
 
 
+def _asks(task: Task) -> tuple[str, str]:
+    """What a task asks, from where: two tasks alike in this are duplicates."""
+    return task.instruction, task.initial_state or ""
+
+
 def domain_variation_writer(domain: Domain, seed: int = 0) -> WriteVariations:
     """`write_variations` from an environment's rules: each seed's initial state under each of the
     other tasks it could pose (`Domain.instruction_variants`), offered one at a time as the
@@ -160,8 +165,8 @@ def domain_variation_writer(domain: Domain, seed: int = 0) -> WriteVariations:
         ]
         random.Random(f"{seed}:variations:{','.join(task.task_id for task in seeds)}").shuffle(candidates)
         for task in candidates:
-            if (task.instruction, task.initial_state or "") not in offered:
-                offered.add((task.instruction, task.initial_state or ""))
+            if _asks(task) not in offered:
+                offered.add(_asks(task))
                 yield task
 
     return write
@@ -314,7 +319,7 @@ class Curriculum:
         top = self._top_seeds(rng, scores)
         offered = {task.task_id: task for task in top}
         candidates = self.write_variations(top, wanted)
-        known = {(task.instruction, task.initial_state or "") for task in self.pool.values()}
+        known = {_asks(task) for task in self.pool.values()}
         accepted: list[Task] = []
         for candidate in candidates:  # a writer may offer more than asked: the first that pass
             origin = offered.get(candidate.task_id) or offered.get(candidate.task_id.rsplit("~", 1)[0])
@@ -338,7 +343,7 @@ class Curriculum:
                 max_score=origin.max_score,
             )
             self._add(task)
-            known.add((task.instruction, task.initial_state or ""))
+            known.add(_asks(task))
             accepted.append(task)
             self.accepted += 1
             if len(accepted) == wanted:
