@@ -125,6 +125,22 @@ class CollectConfig:
         ),
     ] = "noisy-expert"
     epsilon: Annotated[float, _help("Probability of a random admissible action (noisy-expert).", ge=0.0, le=1.0)] = 0.3
+    mistake_episodes: Annotated[
+        int,
+        _help(
+            "Episodes per game, besides episodes_per_game, in which the expert makes one mistake that "
+            "collect.domain names (slicing what the recipe says to dice), so that the buffer shows the "
+            "experience model what such a move does; 0: none (dreamgym/data/collect.py).",
+            ge=0,
+        ),
+    ] = 1
+    domain: Annotated[
+        Literal["textworld-cooking", "none"],
+        _help(
+            "The environment's rules that name the mistakes of collect.mistake_episodes "
+            "(dreamgym/domain.py); 'none' names none.",
+        ),
+    ] = "textworld-cooking"
     workers: Annotated[int, _help("Games played in parallel processes.", ge=1)] = 2
 
 

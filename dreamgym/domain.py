@@ -8,10 +8,11 @@ happens. A `Domain` answers those three, and names the objects a task asks for (
 container or room holds them: see `dreamgym.placeholders`). The policy's behaviour cloning asks it
 one more thing: how a task could have asked for another action at the same step (counterfactual
 tasks, dreamgym/policy/bc.py); the curriculum may ask it for other tasks a seed's start could pose
-(its variations). `NoRules` answers none (those keys then tie and the generic ones
-decide; BC clones the steps as they are): where a new environment starts. TextWorld cooking's
-answers are `experience/cooking.py`; `experience.domain` names the one a model is built and used
-with, `policy.domain` the one BC uses.
+(its variations); collection, for the mistakes a learner could make at a step
+(dreamgym/data/collect.py). `NoRules` answers none (those keys then tie and the generic ones
+decide; BC clones the steps as they are; no mistakes are played): where a new environment starts.
+TextWorld cooking's answers are `experience/cooking.py`; `experience.domain` names the one a model
+is built and used with, `policy.domain` the one BC uses, `collect.domain` the one collection asks.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class Domain(Protocol):
         `curriculum.variations` is 'domain', dreamgym/curriculum.py)."""
         ...
 
+    def mistakes(self, instruction: str, action: str) -> tuple[str, ...]:
+        """The actions a learner could take instead of `action` that `instruction` does not ask for
+        (slicing what the recipe says to dice): collection plays them once in a while
+        (`collect.mistake_episodes`), so that the buffer shows the experience model what they do."""
+        ...
+
 
 @dataclass(frozen=True)
 class NoRules:
@@ -82,16 +89,23 @@ class NoRules:
     def instruction_variants(self, instruction: str) -> tuple[str, ...]:
         return ()
 
+    def mistakes(self, instruction: str, action: str) -> tuple[str, ...]:
+        return ()
+
 
 NO_RULES = NoRules()
 
 
 def named_domain(name: str) -> Domain:
-    """The domain `experience.domain` or `policy.domain` names: 'textworld-cooking' or 'none' (`NoRules`)."""
+    """The domain `experience.domain`, `policy.domain` or `collect.domain` names: 'textworld-cooking'
+    or 'none' (`NoRules`)."""
     if name == "none":
         return NO_RULES
     if name == "textworld-cooking":
         from dreamgym.experience.cooking import TextWorldCooking  # the one place that names an environment's rules
 
         return TextWorldCooking()
-    raise ValueError(f"{name!r} names no domain: use 'textworld-cooking' or 'none' (experience.domain, policy.domain)")
+    raise ValueError(
+        f"{name!r} names no domain: use 'textworld-cooking' or 'none' "
+        "(experience.domain, policy.domain, collect.domain)"
+    )

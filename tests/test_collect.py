@@ -1,12 +1,14 @@
 import itertools
 import random
+from dataclasses import replace
 
 import pyarrow.compute as pc
 import pytest
 
-from dreamgym.data.collect import CollectionSettings, choose_action, collect, summarize
+from dreamgym.data.collect import MISTAKE_POLICY, CollectionSettings, choose_action, collect, summarize
 from dreamgym.data.schema import COLUMNS, content_hash, read_metadata, read_transitions
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.state import parse_state
 
 
@@ -78,6 +80,37 @@ def test_collection_is_reproducible_and_reused(train_games, tmp_path):
         progress=False,
     )
     assert not changed.reused
+
+
+def test_mistake_episodes_follow_the_expert_but_once_and_the_game_shows_what_the_mistake_does(train_games, tmp_path):
+    settings = CollectionSettings(
+        "noisy-expert", 0.3, 1, seed=0, max_steps=30, mistake_episodes=2, domain="textworld-cooking"
+    )
+    out = collect(train_games, tmp_path / "mistakes.parquet", settings, progress=False)
+    rows = read_transitions(out.path).to_pylist()
+    episodes = {}
+    for row in rows:
+        if row["policy"] == MISTAKE_POLICY:
+            episodes.setdefault(row["trajectory_id"], []).append(row)
+    per_game = {steps[0]["task_id"] for steps in episodes.values()}
+    assert len(per_game) == len(train_games) and len(episodes) <= 2 * len(train_games)
+    made = set()
+    for steps in episodes.values():
+        assert [row["step"] for row in steps] == list(range(len(steps)))
+        assert all(a["next_state"] == b["state"] for a, b in itertools.pairwise(steps))
+        wrong = [row for row in steps if row["action"] != row["expert_action"]]
+        assert len(wrong) == 1, "the expert everywhere but at one step"
+        mistake = wrong[0]
+        assert mistake["action"] in TextWorldCooking().mistakes(mistake["instruction"], mistake["expert_action"])
+        made.add((mistake["task_id"], mistake["step"], mistake["action"]))
+        # what the real game does with it: tw-cooking loses a wrongly prepared ingredient
+        assert mistake is steps[-1] and mistake["terminated"] and mistake["lost"] and mistake["reward"] == 0
+    assert len(made) == len(episodes), "each episode of a game makes another mistake"
+    assert sum(row["policy"] != MISTAKE_POLICY for row in rows) > 0  # the behaviour policy's episodes stay
+
+    none = replace(settings, domain="none")
+    plain = read_transitions(collect(train_games, tmp_path / "none.parquet", none, progress=False).path)
+    assert MISTAKE_POLICY not in plain["policy"].to_pylist()
 
 
 def test_summarize_counts_successes(offline_dataset):

@@ -47,6 +47,9 @@ class Lamps:
     def instruction_variants(self, instruction: str) -> tuple[str, ...]:
         return ()
 
+    def mistakes(self, instruction: str, action: str) -> tuple[str, ...]:
+        return ()
+
 
 def hall(*visible: str, carried: tuple[str, ...] = ()) -> AbstractState:
     actions = ("put bulb in lamp", "switch lamp") if carried else ("switch lamp", "take bulb from shelf")
@@ -112,6 +115,24 @@ def test_a_step_that_carries_out_a_direction_has_a_task_for_each_other_verb_of_i
     assert cooking.task_variants(task, "cook block of cheese with oven") == ()  # no cooking direction
     assert cooking.task_variants(task, "take red hot pepper") == ()
     assert NO_RULES.task_variants(task, "slice red hot pepper with knife") == ()
+
+
+def test_the_mistakes_at_a_step_are_the_other_verbs_of_its_family_the_recipe_does_not_ask():
+    cooking = TextWorldCooking()
+    task = (
+        "Recipe: ingredients: red hot pepper, carrot. directions: slice the red hot pepper; "
+        "chop the carrot; fry the red hot pepper; roast the carrot; prepare meal."
+    )
+    assert cooking.mistakes(task, "slice red hot pepper with knife") == (
+        "chop red hot pepper with knife",
+        "dice red hot pepper with knife",
+    )
+    assert cooking.mistakes(task, "cook carrot with oven") == ("cook carrot with stove", "cook carrot with BBQ")
+    # A verb the recipe asks for on that item is no mistake; a move that prepares nothing has none.
+    both = task.replace("fry the red hot pepper", "fry the red hot pepper; dice the red hot pepper")
+    assert cooking.mistakes(both, "slice red hot pepper with knife") == ("chop red hot pepper with knife",)
+    assert cooking.mistakes(task, "take carrot from counter") == ()
+    assert NO_RULES.mistakes(task, "slice red hot pepper with knife") == ()
 
 
 def test_a_recipe_poses_the_tasks_its_tools_can_still_win_from_the_same_start():

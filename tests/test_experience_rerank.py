@@ -108,6 +108,9 @@ def test_a_candidate_in_the_same_relation_to_its_task_comes_before_shared_items(
     assert task_relation("Recipe: ingredients: egg.", held, "slice carrot with knife") == (False, frozenset())
     assert task_relation(recipe, held, "look") is None
     assert task_relation(None, held, "chop carrot with knife") is None
+    # A cooking move names its tool, not the recipe's verb: the stove fries, the oven roasts.
+    assert task_relation(recipe, held, "cook carrot with stove") == (True, frozenset({"fry"}))
+    assert task_relation(recipe, held, "cook carrot with oven") == (True, frozenset())
     # The query slices what its recipe says to chop, which loses the game. Of two candidates
     # slicing a tomato, the one whose recipe said to slice it (it scored) shares more items; the
     # one whose recipe said to dice it (lost, like the query) comes first.

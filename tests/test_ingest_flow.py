@@ -57,7 +57,8 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     version = read_version(project)
     assert first.data_md5 == version.md5 and first.data_changed
     assert first.train_games == 3 and first.test_games == 1
-    assert first.collection.trajectories == 9 and not first.collection.reused
+    # 3 behaviour-policy episodes and 1 with a mistake (collect.mistake_episodes) per game
+    assert first.collection.trajectories == 3 * (3 + 1) and not first.collection.reused
     assert 0.0 < first.collection.success_rate <= 1.0
     assert first.validation.passed and first.validation.quarantined_rows == 0
     transitions = first.collection.transitions

@@ -7,6 +7,13 @@ Behaviour policies:
   sometimes cannot: the data holds successes and failures, as the paper's offline data does);
 - `random`: a uniformly random admissible action.
 
+Besides, `mistake_episodes` per game follow the expert but make, at one step, a mistake the
+environment's rules name (`Domain.mistakes`: slicing what the recipe says to dice), then go on
+with the expert if the game goes on. A random action is rarely such a mistake (2 of some 30
+admissible ones), so the behaviour policy's data shows few of them, and an experience model that
+has seen none imagines that they work: a policy trained in it learnt to chop every ingredient,
+whatever its recipe said (benchmarks/results/, 2026-11-26).
+
 Every episode has its own random stream seeded from (seed, task, episode), so a collection is
 reproducible whatever the number of worker processes. The settings and the games' digests are
 stored in the Parquet file's metadata; collecting again with the same ones reuses the file.
@@ -15,11 +22,12 @@ stored in the Parquet file's metadata; collecting again with the same ones reuse
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import multiprocessing
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -39,6 +47,7 @@ from dreamgym.data.schema import (
     trajectory_id,
     write_transitions,
 )
+from dreamgym.domain import named_domain
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, load_task
 from dreamgym.errors import DreamgymError
@@ -54,6 +63,8 @@ class CollectionSettings:
     episodes_per_game: int
     seed: int
     max_steps: int
+    mistake_episodes: int = 0  # per game: the expert with one mistake the domain names
+    domain: str = "none"  # whose rules name the mistakes (dreamgym/domain.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -62,6 +73,8 @@ class CollectionSettings:
             raise DreamgymError(f"epsilon must be between 0 and 1, got {self.epsilon}")
         if self.episodes_per_game < 1:
             raise DreamgymError(f"episodes per game must be at least 1, got {self.episodes_per_game}")
+        if self.mistake_episodes < 0:
+            raise DreamgymError(f"mistake episodes per game must be at least 0, got {self.mistake_episodes}")
 
     @classmethod
     def from_config(cls, config: PipelineConfig) -> CollectionSettings:
@@ -71,6 +84,8 @@ class CollectionSettings:
             episodes_per_game=config.collect.episodes_per_game,
             seed=config.seed,
             max_steps=config.env.max_steps,
+            mistake_episodes=config.collect.mistake_episodes,
+            domain=config.collect.domain,
         )
 
     @property
@@ -106,14 +121,64 @@ def choose_action(
 def play_episode(
     env: Env, task: Task, settings: CollectionSettings, episode: int, run_id: str | None = None
 ) -> list[dict]:
-    """One episode as transition records."""
+    """One episode of the behaviour policy as transition records."""
     rng = random.Random(f"{settings.seed}|{task.task_id}|{episode}")
+
+    def behaviour(step: int, available: Sequence[str], expert_action: str | None) -> str:
+        return choose_action(settings.policy, rng, settings.epsilon, available, expert_action)
+
     traj = trajectory_id(env.name, task.task_id, settings.policy_label, settings.seed, episode)
+    return _play(env, task, traj, settings.policy_label, behaviour, run_id)
+
+
+MISTAKE_POLICY = "expert+mistake"
+
+
+def play_mistake_episodes(env: Env, task: Task, settings: CollectionSettings, run_id: str | None = None) -> list[dict]:
+    """Up to `settings.mistake_episodes` episodes of the expert that each make another of the
+    mistakes `settings.domain` names for the expert's path (its step and its action drawn at
+    random), as transition records; none where the domain names no mistake on that path."""
+    domain = named_domain(settings.domain)
+    chances = []  # (step, mistake) along the expert's path
+    state, info = env.reset(task)
+    for step in range(env.max_steps):
+        expert_action = info["expert_action"]
+        if expert_action is None:
+            break
+        available = parse_state(state).actions
+        chances += [(step, m) for m in domain.mistakes(task.instruction, expert_action) if m in available]
+        state, _, terminated, truncated, info = env.step(expert_action)
+        if terminated or truncated:
+            break
+    rng = random.Random(f"{settings.seed}|{task.task_id}|mistakes")
+    rows = []
+    for at, mistake in rng.sample(chances, min(settings.mistake_episodes, len(chances))):
+        traj = trajectory_id(env.name, task.task_id, MISTAKE_POLICY, settings.seed, at, mistake)
+        rows += _play(env, task, traj, MISTAKE_POLICY, functools.partial(_expert_but_once, at, mistake, rng), run_id)
+    return rows
+
+
+def _expert_but_once(
+    at: int, mistake: str, rng: random.Random, step: int, available: Sequence[str], expert: str | None
+) -> str:
+    """The action of a mistake episode: `mistake` at step `at`, the expert's everywhere else."""
+    return mistake if step == at else choose_action("expert", rng, 0.0, available, expert)
+
+
+def _play(
+    env: Env,
+    task: Task,
+    traj: str,
+    policy_label: str,
+    act: Callable[[int, Sequence[str], str | None], str],
+    run_id: str | None,
+) -> list[dict]:
+    """One episode in which `act(step, available actions, the expert's action)` chooses each action."""
     state, info = env.reset(task)
     rows = []
     for step in range(env.max_steps):
         expert_action = info["expert_action"]
-        action = choose_action(settings.policy, rng, settings.epsilon, parse_state(state).actions, expert_action)
+        action = act(step, parse_state(state).actions, expert_action)
         next_state, reward, terminated, truncated, info = env.step(action)
         row = {
             "env": env.name,
@@ -134,7 +199,7 @@ def play_episode(
             "max_score": info["max_score"],
             "reasoning": None,
             "source": "real",
-            "policy": settings.policy_label,
+            "policy": policy_label,
             "model_version": None,
             "run_id": run_id,
             "created_at": datetime.now(UTC),
@@ -152,11 +217,12 @@ def collect_game(game_file: str, settings: CollectionSettings, run_id: str | Non
     env = TextWorldEnv(max_steps=settings.max_steps)
     try:
         task = load_task(game_file)
-        return [
+        rows = [
             row
             for episode in range(settings.episodes_per_game)
             for row in play_episode(env, task, settings, episode, run_id)
         ]
+        return rows + play_mistake_episodes(env, task, settings, run_id)
     finally:
         env.close()
 
@@ -233,7 +299,11 @@ def collect(
 def held_out_collection(games_dir: str | Path, config: PipelineConfig) -> tuple[list[Path], CollectionSettings]:
     """The games and settings of `collect_held_out`."""
     games = list_games(games_dir)[: config.experience.eval_games or None]
-    settings = dataclasses.replace(CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1)
+    # The behaviour policy's episodes only: the fidelity figures stay comparable with earlier ones
+    # (benchmarks/dream_replay.py measures the dream on a policy's own episodes).
+    settings = dataclasses.replace(
+        CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1, mistake_episodes=0
+    )
     return games, settings
 
 

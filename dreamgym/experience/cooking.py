@@ -40,6 +40,22 @@ _DIRECTION_FAMILIES = (
 )
 
 
+def _direction_of(action: str) -> tuple[str, str, dict[str, str]] | None:
+    """(verb, item, family) of the direction `action` would carry out: `dice carrot with knife` is
+    `dice the carrot`; None for an action that prepares nothing."""
+    for family in _DIRECTION_FAMILIES:
+        for verb, template in family.items():
+            before, after = template.split("{}")
+            if action.startswith(before) and action.endswith(after) and len(action) > len(before) + len(after):
+                return verb, action[len(before) : len(action) - len(after)], family
+    return None
+
+
+def _tool(template: str) -> str:
+    """What a direction's action does its work with: ` with knife` of `slice {} with knife`."""
+    return template.split("{}")[1]
+
+
 @dataclass(frozen=True)
 class TextWorldCooking:
     """The recipe, food kinds, and open or closed things of tw-cooking games."""
@@ -48,13 +64,19 @@ class TextWorldCooking:
         self, instruction: str | None, state: AbstractState, action: str
     ) -> tuple[bool, frozenset[str]] | None:
         """Whether the task names the item acted on, and which of the action's other words the
-        task's clauses on that item use. None for an action on no item, or no task known."""
+        task's clauses on that item use, with the verb of the direction the action carries out where
+        the task asks for it (`cook carrot with stove` under `fry the carrot`: fry; under `roast the
+        carrot`, nothing: the game is lost). None for an action on no item, or no task known."""
         name = acted_object(state, action) if instruction else None
         if name is None:
             return None
         said = "; ".join(task_mentions(instruction, name))
         others = set(action.split()) - set(name.split())
-        return bool(said), frozenset(word for word in others if whole_word(word).search(said))
+        words = {word for word in others if whole_word(word).search(said)}
+        carried = _direction_of(action)
+        if carried is not None and whole_word(f"{carried[0]} the {carried[1]}").search(said):
+            words.add(carried[0])
+        return bool(said), frozenset(words)
 
     def kinds(self, state: AbstractState, action: str) -> frozenset[str]:
         """The last words of the real names of the visible or carried items `action` names:
@@ -85,21 +107,32 @@ class TextWorldCooking:
         """For an action that carries out a direction of the recipe (`dice carrot with knife` under
         `dice the carrot`), the recipe with that direction's verb replaced by each other verb of its
         family that the recipe does not already use on the item, and the action that one asks for."""
-        variants = []
-        for family in _DIRECTION_FAMILIES:
-            for verb, template in family.items():
-                before, after = template.split("{}")
-                if not (action.startswith(before) and action.endswith(after)):
-                    continue
-                item = action[len(before) : len(action) - len(after)]
-                direction = whole_word(f"{verb} the {item}").search(instruction)
-                if direction is None:
-                    continue
-                head, tail = instruction[: direction.start()], instruction[direction.end() :]
-                for other, other_template in family.items():
-                    if other != verb and not whole_word(f"{other} the {item}").search(instruction):
-                        variants.append((f"{head}{other} the {item}{tail}", other_template.format(item)))
-        return tuple(variants)
+        carried = _direction_of(action)
+        if carried is None:
+            return ()
+        verb, item, family = carried
+        direction = whole_word(f"{verb} the {item}").search(instruction)
+        if direction is None:
+            return ()
+        head, tail = instruction[: direction.start()], instruction[direction.end() :]
+        return tuple(
+            (f"{head}{other} the {item}{tail}", template.format(item))
+            for other, template in family.items()
+            if other != verb and not whole_word(f"{other} the {item}").search(instruction)
+        )
+
+    def mistakes(self, instruction: str, action: str) -> tuple[str, ...]:
+        """For an action that prepares an item (`dice carrot with knife`), the others of its family
+        that the recipe does not ask for on that item (`slice …`, `chop …`): each loses the game."""
+        carried = _direction_of(action)
+        if carried is None:
+            return ()
+        verb, item, family = carried
+        return tuple(
+            template.format(item)
+            for other, template in family.items()
+            if other != verb and not whole_word(f"{other} the {item}").search(instruction)
+        )
 
     def _directions(self, instruction: str) -> list[tuple[str, str, dict[str, str]]]:
         """(verb, ingredient, its family) of each direction of the recipe on an ingredient."""
@@ -116,7 +149,7 @@ class TextWorldCooking:
         recipe already needs, and with two ingredients' verbs of one family swapped; each once,
         in the recipe's order."""
         directions = self._directions(instruction)
-        tools = {family[verb].split("{}")[1] for verb, _, family in directions}
+        tools = {_tool(family[verb]) for verb, _, family in directions}
         asked = {(verb, item) for verb, item, _ in directions}
 
         def rewrite(changes: dict[str, str]) -> str:  # "verb the item" -> "verb' the item"
@@ -126,7 +159,7 @@ class TextWorldCooking:
         variants: list[str] = []
         for verb, item, family in directions:
             for other, template in family.items():
-                if other != verb and template.split("{}")[1] in tools and (other, item) not in asked:
+                if other != verb and _tool(template) in tools and (other, item) not in asked:
                     variants.append(rewrite({f"{verb} the {item}": f"{other} the {item}"}))
         for (verb, item, family), (other, other_item, other_family) in itertools.combinations(directions, 2):
             swappable = family is other_family and verb != other and item != other_item

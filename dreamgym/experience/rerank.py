@@ -73,7 +73,7 @@ from dreamgym.state import AbstractState, item_name, parse_state
 
 # Bumped whenever the ranking changes which examples are shown: built examples keyed on it are
 # then built again instead of reused.
-RANKING_VERSION = 5
+RANKING_VERSION = 6
 # The ranking's keys, most decisive first (`closeness`); experience.ranking_off switches keys off.
 RANKING_KEYS = ("action", "change_fits", "task_relation", "acted_items", "open_closed", "kind", "shared_items")
 
