@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dreamgym.config import PolicyConfig
-from dreamgym.data.schema import read_transitions
+from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
 from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import Observation, load_policy
@@ -70,6 +70,19 @@ def test_every_real_step_is_an_example_labelled_with_the_expert(rows):
         seen.add((row["trajectory_id"], row["state"]))
     assert revisits and len(real) - revisits <= len(examples) < len(real)
     assert all(e["candidates"][e["label"]] == e["completion"].strip() for e in examples + every_candidate)
+
+
+def test_mistake_episodes_are_not_cloned(rows):
+    """They show the experience model what a mistake does (collect.mistake_episodes)."""
+    kept = policy_kept_names(rows, SMALL_POLICY)
+    first = min(row["trajectory_id"] for row in rows)
+    mistake = [
+        {**row, "trajectory_id": "m" + first, "policy": MISTAKE_POLICY} for row in rows if row["trajectory_id"] == first
+    ]
+    assert bc_examples(rows + mistake, SMALL_POLICY, kept) == bc_examples(rows, SMALL_POLICY, kept)
+    assert len(bc_examples(rows + [{**row, "policy": "other"} for row in mistake], SMALL_POLICY, kept)) > len(
+        bc_examples(rows, SMALL_POLICY, kept)
+    )
 
 
 def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_verb(rows):

@@ -5,8 +5,8 @@ from dataclasses import replace
 import pyarrow.compute as pc
 import pytest
 
-from dreamgym.data.collect import MISTAKE_POLICY, CollectionSettings, choose_action, collect, summarize
-from dreamgym.data.schema import COLUMNS, content_hash, read_metadata, read_transitions
+from dreamgym.data.collect import CollectionSettings, choose_action, collect, summarize
+from dreamgym.data.schema import COLUMNS, MISTAKE_POLICY, content_hash, read_metadata, read_transitions
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.state import parse_state

@@ -18,7 +18,8 @@ import pytest
 from dreamgym.buffer.embeddings import transition_text
 from dreamgym.buffer.store import upsert_transitions
 from dreamgym.config import ExperienceConfig
-from dreamgym.data.schema import read_transitions
+from dreamgym.data.collect import CollectionSettings, collect
+from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
 from dreamgym.experience.annotate import (
     AnnotatorError,
     OpenAIAnnotator,
@@ -472,6 +473,44 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
             for w in worked
         ), row["action"]
     assert neighbours(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
+
+
+def test_a_wrong_preparation_is_shown_a_mistake_that_lost_and_a_right_one_a_step_that_scored(
+    buffer_db, encoder, train_games, tmp_path
+):
+    """With mistake episodes in the buffer (collect.mistake_episodes), the first worked example of
+    a preparation the recipe does not ask for is the same mistake made elsewhere, which lost the
+    game, wherever the buffer holds one; that of a preparation the recipe asks for scored."""
+    settings = CollectionSettings(
+        "noisy-expert", 0.3, 2, seed=0, max_steps=30, mistake_episodes=6, domain="textworld-cooking"
+    )
+    path = collect(train_games, tmp_path / "with-mistakes.parquet", settings, progress=False).path
+    table = read_transitions(path).sort_by([("trajectory_id", "ascending"), ("step", "ascending")])
+    rows = table.to_pylist()
+    texts = [transition_text(row["instruction"], row["state"], row["action"]) for row in rows]
+    upsert_transitions(buffer_db, table, embeddings=encoder.encode(texts))
+    cooking, kept = TextWorldCooking(), kept_names(rows)
+    made = {  # the move (in placeholders) and how it stands to its task, of each mistake made
+        (row["trajectory_id"], moved.action, moved.relation)
+        for row in rows
+        if row["policy"] == MISTAKE_POLICY and row["action"] != row["expert_action"]
+        for moved in [situation(parse_state(row["state"]), row["action"], kept, row["instruction"], cooking)]
+    }
+    wrong, right = [], []
+    for row in rows:
+        mistakes = cooking.mistakes(row["instruction"], row["expert_action"] or "")
+        if row["action"] in mistakes:
+            moved = situation(parse_state(row["state"]), row["action"], kept, row["instruction"], cooking)
+            if any(t != row["trajectory_id"] and (a, r) == (moved.action, moved.relation) for t, a, r in made):
+                wrong.append(row)  # the same mistake was made in another episode
+        elif mistakes and row["action"] == row["expert_action"]:
+            right.append(row)
+    queries = [{**row, "state": parse_state(row["state"])} for row in wrong + right]
+    found = neighbours(buffer_db, encoder, queries, k=1, ef_search=100, pool=600, kept=kept, domain=cooking)
+    assert len(wrong) >= 3 and len(right) >= 6
+    assert all(row["lost"] and row["reward"] == 0 for row in wrong)  # what the game did
+    assert all(hits[0]["lost"] and hits[0]["reward"] == 0 for hits in found[: len(wrong)])
+    assert all(not hits[0]["lost"] and hits[0]["reward"] == 1 for hits in found[len(wrong) :])
 
 
 def closest_possible(terms: tuple) -> bool:

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from dreamgym.config import POLICIES, PipelineConfig
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import (
+    MISTAKE_POLICY,
     content_hash,
     read_metadata,
     read_transitions,
@@ -129,9 +130,6 @@ def play_episode(
 
     traj = trajectory_id(env.name, task.task_id, settings.policy_label, settings.seed, episode)
     return _play(env, task, traj, settings.policy_label, behaviour, run_id)
-
-
-MISTAKE_POLICY = "expert+mistake"
 
 
 def play_mistake_episodes(env: Env, task: Task, settings: CollectionSettings, run_id: str | None = None) -> list[dict]:

@@ -21,6 +21,9 @@ import pyarrow.parquet as pq
 from dreamgym.errors import DreamgymError
 
 SOURCES = ("real", "synthetic")
+# The `policy` of real episodes in which the expert makes one mistake on purpose
+# (collect.mistake_episodes): data for the experience model, not a behaviour to clone.
+MISTAKE_POLICY = "expert+mistake"
 
 TRANSITION_SCHEMA = pa.schema(
     [

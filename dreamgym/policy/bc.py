@@ -10,7 +10,10 @@ episode is an example labelled with it, won or lost. The noisy expert that colle
 takes a random action 3 steps in 10; cloning what it *did* teaches those random steps too, and
 leaving its failed episodes out throws away the states a policy must recover from. Labelling each
 visited state with the expert's choice keeps both (DART/DAgger-style relabelling). Data without
-labels (another environment, older files) falls back to the actions of the won episodes.
+labels (another environment, older files) falls back to the actions of the won episodes. The
+mistake episodes (`collect.mistake_episodes`) are left out: they are there to show the experience
+model what a mistake does, and their states, the expert's path up to the mistake, are those the
+behaviour policy's episodes already show (cloning them too cost `make run` a minute).
 
 Counterfactual tasks (`policy.domain`): a step that carries out a clause of its task (slicing the
 carrot because the recipe says `slice the carrot`) is also an example under the same task with
@@ -58,6 +61,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dreamgym.config import PolicyConfig
+from dreamgym.data.schema import MISTAKE_POLICY
 from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import FROM_SCRATCH, init_model, load_pretrained, train_tokenizer
@@ -103,7 +107,7 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
     `policy.avoid_repeats` already taken from that state in the episode) makes no example."""
     domain = named_domain(config.domain)
     examples = []
-    for episode in episodes(row for row in rows if row["source"] == "real"):
+    for episode in episodes(row for row in rows if row["source"] == "real" and row["policy"] != MISTAKE_POLICY):
         relabel = labelled(episode)
         if not relabel and not won(episode):
             continue
