@@ -107,7 +107,7 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
     `policy.avoid_repeats` already taken from that state in the episode) makes no example."""
     domain = named_domain(config.domain)
     examples = []
-    for episode in episodes(row for row in rows if row["source"] == "real" and row["policy"] != MISTAKE_POLICY):
+    for episode in episodes(row for row in rows if row["source"] == "real" and row.get("policy") != MISTAKE_POLICY):
         relabel = labelled(episode)
         if not relabel and not won(episode):
             continue
