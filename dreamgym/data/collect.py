@@ -11,8 +11,8 @@ Besides, `mistake_episodes` per game follow the expert but make, at one step, a 
 environment's rules name (`Domain.mistakes`: slicing what the recipe says to dice), then go on
 with the expert if the game goes on. A random action is rarely such a mistake (2 of some 30
 admissible ones), so the behaviour policy's data shows few of them, and an experience model that
-has seen none imagines that they work: a policy trained in it learnt to chop every ingredient,
-whatever its recipe said (benchmarks/results/, 2026-11-26).
+has seen none imagines that they work: a policy trained in it learnt to chop what its recipe said
+to slice or dice (benchmarks/results/, 2026-11-26).
 
 Every episode has its own random stream seeded from (seed, task, episode), so a collection is
 reproducible whatever the number of worker processes. The settings and the games' digests are
