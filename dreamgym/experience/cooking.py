@@ -51,6 +51,21 @@ def _direction_of(action: str) -> tuple[str, str, dict[str, str]] | None:
     return None
 
 
+def _unasked(instruction: str, action: str) -> list[tuple[str, str]]:
+    """(verb, action) of each other direction of the family `action` belongs to that `instruction`
+    does not ask for on the same item: `chop …` and `dice …` for `slice carrot with knife` under a
+    recipe that only slices the carrot."""
+    carried = _direction_of(action)
+    if carried is None:
+        return []
+    verb, item, family = carried
+    return [
+        (other, template.format(item))
+        for other, template in family.items()
+        if other != verb and not whole_word(f"{other} the {item}").search(instruction)
+    ]
+
+
 def _tool(template: str) -> str:
     """What a direction's action does its work with: ` with knife` of `slice {} with knife`."""
     return template.split("{}")[1]
@@ -108,31 +123,19 @@ class TextWorldCooking:
         `dice the carrot`), the recipe with that direction's verb replaced by each other verb of its
         family that the recipe does not already use on the item, and the action that one asks for."""
         carried = _direction_of(action)
-        if carried is None:
-            return ()
-        verb, item, family = carried
-        direction = whole_word(f"{verb} the {item}").search(instruction)
-        if direction is None:
+        direction = carried and whole_word(f"{carried[0]} the {carried[1]}").search(instruction)
+        if not direction:
             return ()
         head, tail = instruction[: direction.start()], instruction[direction.end() :]
         return tuple(
-            (f"{head}{other} the {item}{tail}", template.format(item))
-            for other, template in family.items()
-            if other != verb and not whole_word(f"{other} the {item}").search(instruction)
+            (f"{head}{other} the {carried[1]}{tail}", other_action)
+            for other, other_action in _unasked(instruction, action)
         )
 
     def mistakes(self, instruction: str, action: str) -> tuple[str, ...]:
         """For an action that prepares an item (`dice carrot with knife`), the others of its family
         that the recipe does not ask for on that item (`slice …`, `chop …`): each loses the game."""
-        carried = _direction_of(action)
-        if carried is None:
-            return ()
-        verb, item, family = carried
-        return tuple(
-            template.format(item)
-            for other, template in family.items()
-            if other != verb and not whole_word(f"{other} the {item}").search(instruction)
-        )
+        return tuple(other_action for _, other_action in _unasked(instruction, action))
 
     def _directions(self, instruction: str) -> list[tuple[str, str, dict[str, str]]]:
         """(verb, ingredient, its family) of each direction of the recipe on an ingredient."""
