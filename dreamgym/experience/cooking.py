@@ -62,8 +62,13 @@ def _unasked(instruction: str, action: str) -> list[tuple[str, str]]:
     return [
         (other, template.format(item))
         for other, template in family.items()
-        if other != verb and not whole_word(f"{other} the {item}").search(instruction)
+        if other != verb and not _says(instruction, other, item)
     ]
+
+
+def _says(text: str, verb: str, item: str) -> re.Match | None:
+    """Where `text` gives the direction `verb the item` (`dice the carrot`), as a whole phrase."""
+    return whole_word(f"{verb} the {item}").search(text)
 
 
 def _tool(template: str) -> str:
@@ -89,7 +94,7 @@ class TextWorldCooking:
         others = set(action.split()) - set(name.split())
         words = {word for word in others if whole_word(word).search(said)}
         carried = _direction_of(action)
-        if carried is not None and whole_word(f"{carried[0]} the {carried[1]}").search(said):
+        if carried is not None and _says(said, carried[0], carried[1]):
             words.add(carried[0])
         return bool(said), frozenset(words)
 
@@ -123,7 +128,7 @@ class TextWorldCooking:
         `dice the carrot`), the recipe with that direction's verb replaced by each other verb of its
         family that the recipe does not already use on the item, and the action that one asks for."""
         carried = _direction_of(action)
-        direction = carried and whole_word(f"{carried[0]} the {carried[1]}").search(instruction)
+        direction = carried and _says(instruction, carried[0], carried[1])
         if not direction:
             return ()
         head, tail = instruction[: direction.start()], instruction[direction.end() :]
@@ -144,7 +149,7 @@ class TextWorldCooking:
             for item in self.task_objects(instruction)
             for family in _DIRECTION_FAMILIES
             for verb in family
-            if whole_word(f"{verb} the {item}").search(instruction)
+            if _says(instruction, verb, item)
         ]
 
     def instruction_variants(self, instruction: str) -> tuple[str, ...]:
