@@ -193,6 +193,43 @@ def test_additions_and_replacements_cannot_repeat_an_item(tiny_experience):
     assert torch.isfinite(scores[0]).sum() > 0, "the entry may still go on"
 
 
+def test_the_tokens_toward_an_ending_are_those_the_definition_gives(tiny_experience):
+    """The looked-up tokens are exactly those of the rule's definition: every token whose piece
+    keeps the text on the way to an ending, or completes one and goes on past it."""
+    import random
+
+    from dreamgym.experience.constrain import DeltaConstraint, _fits
+
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+    constraint = DeltaConstraint(tokenizer, [state], prompt_length=0)
+    width = len(tokenizer) - 3  # the scores may be narrower than the vocabulary
+    endings = [
+        "knife; ",
+        "knife (on table)\n",
+        "carrot\n",
+        "carrot; ",
+        "no change\n",
+        "same as example 1\n",
+        "same as example 12\n",
+        "yellow bell pepper (in fridge)\n",
+    ]
+    rng, cases = random.Random(0), 0
+    for _ in range(300):
+        chosen = rng.sample(endings, rng.randint(1, 4))
+        base = rng.choice(chosen)
+        written = base[: rng.randint(0, len(base) + 2)] + ("x" if rng.random() < 0.1 else "")
+        expected = {
+            token
+            for char in {e[len(written)] for e in chosen if len(e) > len(written) and e.startswith(written)}
+            for token, piece in constraint.by_first.get(char, ())
+            if token < width and _fits(written + piece, chosen)
+        }
+        assert constraint._tokens_toward(written, chosen, width) == expected, (written, chosen)
+        cases += bool(expected)
+    assert cases > 150  # most cases leave some tokens, so the comparison means something
+
+
 def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
     from dreamgym.experience.constrain import DeltaConstraint, allowed_removals
 

@@ -38,8 +38,11 @@ Everything else the model writes freely; the strict parser still reads the resul
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import regex
 import torch
@@ -186,6 +189,47 @@ def _repeat(state: AbstractState, line: tuple[str, str, list[str]] | None) -> tu
     return entries[-1][1:], added | set(getattr(state, field))
 
 
+@dataclass(frozen=True)
+class _Vocabulary:
+    """What the rules read of a tokenizer's tokens; the same for every batch (`_vocabulary`)."""
+
+    pieces: list[str]  # each token's text ("" for special tokens)
+    silent: set[int]  # tokens that write nothing
+    by_first: dict[str, list[tuple[int, str]]]  # token pieces by their first character
+    by_piece: dict[str, list[int]]  # the tokens of each piece
+    sorted_pieces: list[str]  # the pieces that start with a text are a run of these
+    longest_piece: int
+    enders: list[tuple[int, str]]  # tokens that end an entry, with their piece before the separator or newline
+
+
+@functools.lru_cache(maxsize=8)
+def _vocabulary(tokenizer, size: int) -> _Vocabulary:
+    """The tokens of `tokenizer` (of `size`: a tokenizer that grows is read again), read once per
+    tokenizer, not per batch (decoding every token for each batch was almost half of the
+    constraint's time in a DreamEnv step, profiled 2026-11-26). Each token's text is decoded
+    once: the generated text grows by one piece a step (exact for a byte-level BPE on ASCII
+    text) instead of being decoded again at every step."""
+    special = set(tokenizer.all_special_ids)
+    pieces = ["" if token in special else tokenizer.decode([token]) for token in range(size)]
+    by_first: dict[str, list[tuple[int, str]]] = {}
+    by_piece: dict[str, list[int]] = {}
+    for token, piece in enumerate(pieces):
+        if piece:
+            by_first.setdefault(piece[0], []).append((token, piece))
+            by_piece.setdefault(piece, []).append(token)
+    return _Vocabulary(
+        pieces=pieces,
+        silent={token for token, piece in enumerate(pieces) if not piece},
+        by_first=by_first,
+        by_piece=by_piece,
+        sorted_pieces=sorted(by_piece),
+        longest_piece=max(map(len, by_piece), default=0),
+        enders=[
+            (token, piece[: match.start()]) for token, piece in enumerate(pieces) if (match := _ENTRY_END.search(piece))
+        ],
+    )
+
+
 class DeltaConstraint:
     """A `LogitsProcessor` for a batch of prompts whose current states are `states` and whose
     worked examples changed their states by `examples` (`format.example_changes`, per prompt).
@@ -214,21 +258,10 @@ class DeltaConstraint:
             [f"{reference}\n" for reference in fitting_references(state, changes)]
             for state, changes in zip(self.states, examples)
         ]
-        special = set(tokenizer.all_special_ids)
-        # Each token's text, decoded once: the generated text grows by one piece a step (exact
-        # for a byte-level BPE on ASCII text) instead of being decoded again at every step.
-        self.pieces = ["" if token in special else tokenizer.decode([token]) for token in range(len(tokenizer))]
-        self.silent = {token for token, piece in enumerate(self.pieces) if not piece}
-        self.by_first: dict[str, list[tuple[int, str]]] = {}  # token pieces by their first character
-        for token, piece in enumerate(self.pieces):
-            if piece:
-                self.by_first.setdefault(piece[0], []).append((token, piece))
-        # Tokens that end an entry: (token, the part of its piece before the separator or newline).
-        self.enders = [
-            (token, piece[: match.start()])
-            for token, piece in enumerate(self.pieces)
-            if (match := _ENTRY_END.search(piece))
-        ]
+        vocabulary = _vocabulary(tokenizer, len(tokenizer))
+        self.pieces, self.silent, self.enders = vocabulary.pieces, vocabulary.silent, vocabulary.enders
+        self.by_first, self.by_piece = vocabulary.by_first, vocabulary.by_piece
+        self.sorted_pieces, self.longest_piece = vocabulary.sorted_pieces, vocabulary.longest_piece
         self.generated = [""] * len(self.states)
         self.seen = prompt_length
 
@@ -291,16 +324,30 @@ class DeltaConstraint:
             _keep_only(scores, row, kept)
 
     def _tokens_toward(self, written: str, endings: Sequence[str], width: int) -> set[int]:
-        """The tokens (of the first `width`) that keep `written` on the way to one of `endings`."""
-        following = {
-            ending[len(written)] for ending in endings if len(ending) > len(written) and ending.startswith(written)
-        }
-        return {
-            token
-            for char in following
-            for token, piece in self.by_first.get(char, ())
-            if token < width and _fits(written + piece, endings)
-        }
+        """The tokens (of the first `width`) that keep `written` on the way to one of `endings`: a
+        token whose piece writes a beginning of what an ending still lacks, or all of it and goes on
+        (where an ending is already complete, any token that heads for another one).
+
+        Looked up, not tried: the prefixes of each ending's rest in `by_piece`, the pieces that go
+        on past it as one run of `sorted_pieces`. Trying every token that starts like an ending
+        against every ending was most of the constraint's time in a DreamEnv step (2026-11-26)."""
+        rests = [
+            ending[len(written) :] for ending in endings if len(ending) > len(written) and ending.startswith(written)
+        ]
+        if not rests:
+            return set()
+        if any(written.startswith(ending) for ending in endings if len(ending) <= len(written)):
+            following = {rest[0] for rest in rests}
+            return {token for char in following for token, _ in self.by_first.get(char, ()) if token < width}
+        tokens: set[int] = set()
+        for rest in rests:
+            for end in range(1, min(len(rest), self.longest_piece) + 1):
+                tokens.update(self.by_piece.get(rest[:end], ()))
+            index = bisect.bisect_left(self.sorted_pieces, rest)
+            while index < len(self.sorted_pieces) and self.sorted_pieces[index].startswith(rest):
+                tokens.update(self.by_piece[self.sorted_pieces[index]])
+                index += 1
+        return {token for token in tokens if token < width}
 
     def _constrain_tail(self, row: int, scores: torch.FloatTensor) -> None:
         """Keep what follows the next state on the way to the reward and done the reasoning
