@@ -1,0 +1,97 @@
+"""RL in DreamEnv from a BC policy with more seed tasks than the offline data has (a measurement).
+
+    .venv/bin/python benchmarks/dream_task_pool.py --start outputs/policy/bc-*/bc/model \
+        --out outputs/bench/rl-pool --task-games /work/games/train-s20 --task-count 80 \
+        [--temperature 2] [--algorithm ppo]
+    .venv/bin/dreamgym eval --policy outputs/bench/rl-pool/policy --games <fresh test-split games> --json ...
+
+DreamGym's curriculum starts from the tasks of the offline data. Here the seed tasks are also the
+starts of `--task-count` other training-split games (their recipe and the state a reset shows: no
+transition is played), so that RL in the dream meets new layouts and recipes, where the BC policy
+fails as it does on held-out games. Each epoch's tasks that have a real game are also played in it
+(the monitor's real check: measured, never learned from). Prints each epoch's metrics as JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from common import model_setup
+
+from dreamgym.curriculum import Curriculum, domain_variation_writer
+from dreamgym.data.games import list_games
+from dreamgym.data.schema import read_transitions
+from dreamgym.envs.dream_env import DreamEnv
+from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.experience.generate import open_experience_model
+from dreamgym.experience.variations import seed_tasks, variation_writer
+from dreamgym.rl.loop import train_rl
+from dreamgym.rl.monitor import RealCheck
+
+EPOCH_KEYS = ("epoch", "success_rate", "dream_success_checked", "real_success_rate", "kl", "entropy", "samples")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--model", default="dreamgym-experience")
+    parser.add_argument("--start", type=Path, required=True, help="the BC policy to start from")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--task-games", type=Path, help="a folder of training-split games")
+    parser.add_argument("--task-count", type=int, default=0)
+    parser.add_argument("--temperature", type=float, help="rl.temperature [default: params]")
+    parser.add_argument("--algorithm", choices=("grpo", "ppo"), help="rl.algorithm [default: params]")
+    args = parser.parse_args()
+
+    setup = model_setup(args.params, args.model)
+    config = setup.config
+    chosen = {"temperature": args.temperature, "algorithm": args.algorithm}
+    config = dataclasses.replace(
+        config, rl=dataclasses.replace(config.rl, **{key: value for key, value in chosen.items() if value is not None})
+    )
+    project = args.params.resolve().parent
+    seeds = seed_tasks(read_transitions(project / "outputs/validation/validated.parquet").to_pylist())
+    games = {game.stem: game for game in list_games(project / config.paths.data_dir / "games" / "train")}
+    if args.task_games:
+        env = TextWorldEnv()
+        for game in list_games(args.task_games)[: args.task_count]:
+            task = load_task(game)
+            state, info = env.reset(task)  # the start only: no step is taken
+            seeds.append(dataclasses.replace(task, game_file=None, initial_state=state, max_score=info["max_score"]))
+            games[game.stem] = game
+        env.close()
+    print(json.dumps({"seed_tasks": len(seeds), "rl": dataclasses.asdict(config.rl)}), flush=True)
+
+    with open_experience_model(setup.model_dir, setup.run_dir, config) as experience:
+        writer = None
+        if config.curriculum.variations == "domain":
+            writer = domain_variation_writer(experience.domain, config.seed)
+        elif experience.model is not None and config.experience.variations_per_task:
+            writer = variation_writer(experience.model, experience.tokenizer, config.seed)
+        curriculum = Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
+        check = RealCheck(
+            lambda: TextWorldEnv(config.rl.max_steps),
+            lambda task: load_task(games[task.task_id]) if task.task_id in games else None,
+            config.rl.group_size,
+            config.rl.temperature,
+            config.seed,
+        )
+        result = train_rl(
+            args.start,
+            lambda slot: DreamEnv(experience, config.rl.max_steps, slot=slot, record=False),
+            curriculum,
+            config.rl,
+            args.out,
+            config.seed,
+            on_epoch=lambda m: print(json.dumps({k: round(m[k], 3) for k in EPOCH_KEYS if k in m}), flush=True),
+            real_check=check,
+            progress=False,
+        )
+    print(json.dumps({"policy": str(result.policy_dir), "seconds": round(result.seconds)}))
+
+
+if __name__ == "__main__":
+    main()
