@@ -21,13 +21,12 @@ from pathlib import Path
 
 from common import model_setup
 
-from dreamgym.curriculum import Curriculum, domain_variation_writer
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.experience.generate import open_experience_model
-from dreamgym.experience.variations import seed_tasks, variation_writer
+from dreamgym.experience.variations import dream_curriculum, seed_tasks
 from dreamgym.rl.loop import train_rl
 from dreamgym.rl.monitor import RealCheck
 
@@ -66,12 +65,7 @@ def main() -> None:
     print(json.dumps({"seed_tasks": len(seeds), "rl": dataclasses.asdict(config.rl)}), flush=True)
 
     with open_experience_model(setup.model_dir, setup.run_dir, config) as experience:
-        writer = None
-        if config.curriculum.variations == "domain":
-            writer = domain_variation_writer(experience.domain, config.seed)
-        elif experience.model is not None and config.experience.variations_per_task:
-            writer = variation_writer(experience.model, experience.tokenizer, config.seed)
-        curriculum = Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
+        curriculum = dream_curriculum(seeds, experience, config)
         check = RealCheck(
             lambda: TextWorldEnv(config.rl.max_steps),
             lambda task: load_task(games[task.task_id]) if task.task_id in games else None,

@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.config import PipelineConfig, RLConfig, config_to_dict
-from dreamgym.curriculum import Curriculum, domain_variation_writer
+from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
@@ -36,7 +36,7 @@ from dreamgym.evaluation import (
     write_episodes,
     write_json,
 )
-from dreamgym.experience.variations import seed_tasks, variation_writer
+from dreamgym.experience.variations import dream_curriculum, seed_tasks
 from dreamgym.fanout import evaluate_in_pieces
 from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
@@ -209,12 +209,7 @@ def dream_rl_task(
         database = experience.database
         if config.rl.write_back and database is None:
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
-        writer = None
-        if config.curriculum.variations == "domain":
-            writer = domain_variation_writer(experience.domain, config.seed)
-        elif experience.model is not None and config.experience.variations_per_task:
-            writer = variation_writer(experience.model, experience.tokenizer, config.seed)
-        curriculum = Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
+        curriculum = dream_curriculum(seeds, experience, config)
 
         def make_env(slot: int) -> DreamEnv:
             return DreamEnv(

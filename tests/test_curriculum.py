@@ -329,6 +329,24 @@ def test_domain_variations_pose_other_tasks_from_the_seeds_start_each_once():
     assert resumed.pool == original.pool == curriculum.pool
 
 
+def test_the_dream_curriculum_has_its_variations_written_by_whom_the_config_names():
+    from types import SimpleNamespace
+
+    from dreamgym.config import PipelineConfig
+    from dreamgym.experience.variations import dream_curriculum
+
+    served = SimpleNamespace(domain=Adverbs(), model=None, tokenizer=None)  # a model served over HTTP: no weights here
+    settings = config(variation_fraction=0.25, top_fraction=1.0)
+    by_rules = dream_curriculum(
+        seed_tasks(), served, PipelineConfig(curriculum=dataclasses.replace(settings, variations="domain"))
+    )
+    by_rules.draw(0)
+    written = [task for task_id, task in by_rules.pool.items() if "~" in task_id]
+    assert len(written) == 2 and all(task.instruction.endswith((" twice", " slowly")) for task in written)
+    by_backbone = dream_curriculum(seed_tasks(), served, PipelineConfig(curriculum=settings))
+    assert by_backbone.write_variations is None  # `model` variations need the backbone's weights
+
+
 def test_no_action_types_to_check_against_is_an_error():
     real = [Task("g1", "cook", "tw-cooking", game_file="g1.z8")]
     with pytest.raises(ValueError, match="pass known_verbs"):

@@ -31,7 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from dreamgym.curriculum import variation_id
+from dreamgym.config import PipelineConfig
+from dreamgym.curriculum import Curriculum, domain_variation_writer, variation_id
 from dreamgym.envs.base import Task
 from dreamgym.experience.examples import Example
 from dreamgym.experience.generate import CACHE
@@ -181,3 +182,15 @@ def variation_writer(
     return lambda seeds, count: write_variations(
         model, tokenizer, seeds, count, seed=seed + next(calls), max_new_tokens=max_new_tokens
     )
+
+
+def dream_curriculum(seeds: Sequence[Task], experience, config: PipelineConfig) -> Curriculum:
+    """The curriculum of RL in DreamEnv on `seeds`, its variations written as `curriculum.variations`
+    says: by the environment's rules (`domain`) or by `experience`'s backbone (`model`; none when
+    the model is served over HTTP or `experience.variations_per_task` is 0)."""
+    writer = None
+    if config.curriculum.variations == "domain":
+        writer = domain_variation_writer(experience.domain, config.seed)
+    elif experience.model is not None and config.experience.variations_per_task:
+        writer = variation_writer(experience.model, experience.tokenizer, config.seed)
+    return Curriculum(seeds, config.curriculum, config.seed, write_variations=writer)
