@@ -205,6 +205,8 @@ def test_the_tokens_toward_an_ending_are_those_the_definition_gives(tiny_experie
     constraint = DeltaConstraint(tokenizer, [state], prompt_length=0)
     width = len(tokenizer) - 3  # the scores may be narrower than the vocabulary
     endings = [
+        "carrot",  # complete where "carrot\n" and "carrot; " go on
+        "ca",  # complete where "carrot" goes on: then any token that heads for "rrot" fits, "re" too
         "knife; ",
         "knife (on table)\n",
         "carrot\n",
