@@ -52,7 +52,8 @@ def main() -> None:
         config, rl=dataclasses.replace(config.rl, **{key: value for key, value in chosen.items() if value is not None})
     )
     project = args.params.resolve().parent
-    seeds = seed_tasks(read_transitions(project / "outputs/validation/validated.parquet").to_pylist())
+    validated = project / config.paths.outputs_dir / "validation" / "validated.parquet"
+    seeds = seed_tasks(read_transitions(validated).to_pylist())
     games = {game.stem: game for game in list_games(project / config.paths.data_dir / "games" / "train")}
     if args.task_games:
         env = TextWorldEnv()

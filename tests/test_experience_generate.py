@@ -224,7 +224,7 @@ def test_the_tokens_toward_an_ending_are_those_the_definition_gives(tiny_experie
         expected = {
             token
             for char in {e[len(written)] for e in chosen if len(e) > len(written) and e.startswith(written)}
-            for token, piece in constraint.by_first.get(char, ())
+            for token, piece in constraint.vocabulary.by_first.get(char, ())
             if token < width and _fits(written + piece, chosen)
         }
         assert constraint._tokens_toward(written, chosen, width) == expected, (written, chosen)

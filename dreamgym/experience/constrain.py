@@ -258,17 +258,14 @@ class DeltaConstraint:
             [f"{reference}\n" for reference in fitting_references(state, changes)]
             for state, changes in zip(self.states, examples)
         ]
-        vocabulary = _vocabulary(tokenizer, len(tokenizer))
-        self.pieces, self.silent, self.enders = vocabulary.pieces, vocabulary.silent, vocabulary.enders
-        self.by_first, self.by_piece = vocabulary.by_first, vocabulary.by_piece
-        self.sorted_pieces, self.longest_piece = vocabulary.sorted_pieces, vocabulary.longest_piece
+        self.vocabulary = _vocabulary(tokenizer, len(tokenizer))
         self.generated = [""] * len(self.states)
         self.seen = prompt_length
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         for position in range(self.seen, input_ids.shape[1]):
             for row, token in enumerate(input_ids[:, position].tolist()):
-                self.generated[row] += self.pieces[token] if token < len(self.pieces) else ""
+                self.generated[row] += self.vocabulary.pieces[token] if token < len(self.vocabulary.pieces) else ""
         self.seen = input_ids.shape[1]
         for row, state in enumerate(self.states):
             if self.stated:
@@ -285,7 +282,8 @@ class DeltaConstraint:
         repeated = _repeat(state, line)
         if repeated is not None:
             written, forbidden = repeated
-            masked = [token for token, head in self.enders if token < scores.shape[1] and written + head in forbidden]
+            enders = self.vocabulary.enders
+            masked = [token for token, head in enders if token < scores.shape[1] and written + head in forbidden]
             scores[row, masked] = float("-inf")
             return
         found = _removal(state, line)
@@ -304,9 +302,9 @@ class DeltaConstraint:
         if match is None or not match.partial:
             return  # complete (a row waiting for the batch), or off the format: the parser will say where
         fits_format = lambda token: bool(  # noqa: E731
-            token < len(self.pieces)
-            and self.pieces[token]
-            and self.pattern.fullmatch(written + self.pieces[token], partial=True)
+            token < len(self.vocabulary.pieces)
+            and self.vocabulary.pieces[token]
+            and self.pattern.fullmatch(written + self.vocabulary.pieces[token], partial=True)
         )
         top = torch.topk(scores[row], min(FORMAT_CANDIDATES, scores.shape[1]))
         ranked = [token for score, token in zip(top.values.tolist(), top.indices.tolist()) if score > float("-inf")]
@@ -336,16 +334,18 @@ class DeltaConstraint:
         ]
         if not rests:
             return set()
+        vocabulary = self.vocabulary
         if any(written.startswith(ending) for ending in endings if len(ending) <= len(written)):
             following = {rest[0] for rest in rests}
-            return {token for char in following for token, _ in self.by_first.get(char, ()) if token < width}
+            return {token for char in following for token, _ in vocabulary.by_first.get(char, ()) if token < width}
         tokens: set[int] = set()
+        pieces = vocabulary.sorted_pieces
         for rest in rests:
-            for end in range(1, min(len(rest), self.longest_piece) + 1):
-                tokens.update(self.by_piece.get(rest[:end], ()))
-            index = bisect.bisect_left(self.sorted_pieces, rest)
-            while index < len(self.sorted_pieces) and self.sorted_pieces[index].startswith(rest):
-                tokens.update(self.by_piece[self.sorted_pieces[index]])
+            for end in range(1, min(len(rest), vocabulary.longest_piece) + 1):
+                tokens.update(vocabulary.by_piece.get(rest[:end], ()))
+            index = bisect.bisect_left(pieces, rest)
+            while index < len(pieces) and pieces[index].startswith(rest):
+                tokens.update(vocabulary.by_piece[pieces[index]])
                 index += 1
         return {token for token in tokens if token < width}
 
@@ -384,11 +384,12 @@ class DeltaConstraint:
         endings = self.references[row]
         if len(written) >= len(_REFERENCE):  # every token now goes on with a reference: keep those that fit
             allowed = self._tokens_toward(written, endings, scores.shape[1])
-            _keep_only(scores, row, allowed | self.silent)  # special tokens write nothing: left to the parser
+            # special tokens write nothing: left to the parser
+            _keep_only(scores, row, allowed | self.vocabulary.silent)
             return
         masked = [
             token
-            for token, piece in self.by_first.get(_REFERENCE[len(written)], ())
+            for token, piece in self.vocabulary.by_first.get(_REFERENCE[len(written)], ())
             if token < scores.shape[1] and _heads_for_reference(written + piece) and not _fits(written + piece, endings)
         ]
         scores[row, masked] = float("-inf")
