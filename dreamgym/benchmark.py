@@ -42,7 +42,7 @@ def machine() -> dict:
     return {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch_threads": torch.get_num_threads(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }

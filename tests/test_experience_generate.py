@@ -232,6 +232,40 @@ def test_the_tokens_toward_an_ending_are_those_the_definition_gives(tiny_experie
     assert cases > 150  # most cases leave some tokens, so the comparison means something
 
 
+def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_experience, monkeypatch):
+    """Whichever look finds it (the first candidates, the wider second look, every token), greedy
+    decoding keeps the one token the definition names: the best-scored whose piece keeps the
+    completion a prefix of the format. The looks are made narrow here so that all three are taken."""
+    import random
+
+    from dreamgym.experience import constrain
+
+    monkeypatch.setattr(constrain, "FORMAT_CANDIDATES", 2)
+    monkeypatch.setattr(constrain, "FORMAT_FALLBACK", 64)
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+    completion = (
+        "<reasoning>The player takes the knife.</reasoning>\n<next_state>\nvisible: -knife (on table)\n"
+        "inventory: +knife\n</next_state>\n<reward>0</reward>\n<done>false</done>"
+    )
+    pattern = constrain.completion_pattern(reasoning=True)
+    assert pattern.fullmatch(completion)
+    pieces = constrain._vocabulary(tokenizer, len(tokenizer)).pieces
+    rng, looks = random.Random(0), {"first": 0, "second": 0, "every": 0}
+    for _ in range(200):
+        written = completion[: rng.randint(0, len(completion) - 1)]
+        scores = torch.randn(1, len(tokenizer))
+        fitting = [t for t in range(len(pieces)) if pieces[t] and pattern.fullmatch(written + pieces[t], partial=True)]
+        best = max(fitting, key=lambda token: scores[0, token].item())
+        rank = int((scores[0] > scores[0, best]).sum())
+        looks["first" if rank < 2 else "second" if rank < 64 else "every"] += 1
+        constraint = constrain.DeltaConstraint(tokenizer, [state], prompt_length=0)
+        constraint.generated[0] = written
+        constraint._constrain_format(0, scores)
+        assert (scores[0] > float("-inf")).nonzero().flatten().tolist() == [best], written
+    assert min(looks.values()) > 10, looks  # each look was taken
+
+
 def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
     from dreamgym.experience.constrain import DeltaConstraint, allowed_removals
 

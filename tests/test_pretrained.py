@@ -3,6 +3,7 @@ package) loads offline and serves both the experience model and the policy."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 
@@ -59,6 +60,28 @@ def test_it_writes_the_experience_models_completions_and_scores_the_policys_acti
     assert decision.action in actions
     [distribution], _ = policy.log_probs([decision.prompt], [decision.candidates])
     assert torch.exp(distribution).sum().item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_the_packaged_model_fine_tunes_and_saves_like_any_other(smollm2, tmp_path):
+    """transformers marks a GGUF model quantized even once its weights are de-quantised, and the
+    Trainer then refuses to fine-tune it; the loaded model is an ordinary one: the Trainer's own
+    check passes, a step of training lowers its loss, and it saves and loads back as it was."""
+    from transformers.trainer_utils import validate_quantization_for_training
+
+    from dreamgym.lm.model import load_model, save_model
+
+    model, tokenizer = smollm2
+    validate_quantization_for_training(model)  # raises for a model the Trainer will not fine-tune
+    trained = copy.deepcopy(model).train()
+    ids = tokenizer("<state>location: kitchen</state><action>open fridge</action>", return_tensors="pt")["input_ids"]
+    before = trained(ids, labels=ids).loss
+    before.backward()
+    torch.optim.SGD(trained.parameters(), lr=1e-3).step()
+    with torch.no_grad():
+        assert trained(ids, labels=ids).loss < before
+    saved, _ = load_model(save_model(trained.eval(), tokenizer, tmp_path / "model"))
+    with torch.no_grad():
+        torch.testing.assert_close(saved(ids).logits, trained(ids).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_a_missing_package_says_what_to_install(monkeypatch):

@@ -67,6 +67,8 @@ _REFERENCE = SAME_AS.split("{")[0]  # what every reference starts with: "same as
 _REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.DOTALL)
 # Tokens tried, best first, for one that keeps the completion in the format.
 FORMAT_CANDIDATES = 32
+# Greedy decoding's second look when none of the first candidates fits, before every token is tried.
+FORMAT_FALLBACK = 1024
 
 
 def completion_pattern(reasoning: bool) -> regex.Pattern:
@@ -314,6 +316,19 @@ class DeltaConstraint:
                 kept.append(token)
                 if self.greedy:
                     break
+        if not kept and self.greedy:
+            # A pretrained vocabulary holds ~50k tokens, each tried with the format's pattern: the
+            # best-scored token that fits is nearly always among the next best, and the first of
+            # them that fits is the one the search of every token would keep.
+            wider = torch.topk(scores[row], min(FORMAT_FALLBACK, scores.shape[1]))
+            kept = next(
+                (
+                    [token]
+                    for score, token in zip(wider.values.tolist(), wider.indices.tolist())
+                    if score > float("-inf") and fits_format(token)
+                ),
+                [],
+            )
         if not kept:
             kept = [token for token in (scores[row] > float("-inf")).nonzero().flatten().tolist() if fits_format(token)]
             if self.greedy and kept:

@@ -185,9 +185,26 @@ def _load_packaged(name: str, dtype: torch.dtype | None) -> tuple[PreTrainedMode
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, local_files_only=True, dtype=dtype or torch.float32
     )
+    _detach_gguf_quantizer(model, name)
     tokenizer = _prepare_tokenizer(tokenizer)
     _sync_generation_config(model, tokenizer)
     return model, tokenizer
+
+
+def _detach_gguf_quantizer(model: PreTrainedModel, name: str) -> None:
+    """transformers de-quantises GGUF weights into ordinary float layers (unless the `kernels`
+    package is there to keep them packed) but still marks the model quantized, and then the
+    Trainer refuses to fine-tune it ("purely quantized models") and `save_pretrained` to write it.
+    Nothing of the GGUF blocks is left in such a model, so the mark goes."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return
+    if getattr(quantizer, "packed_modules", None):
+        raise ModelNotFoundError(
+            f"model {name!r} was loaded with its GGUF weights packed (the `kernels` package is installed), "
+            "and packed weights cannot be fine-tuned: `pip uninstall kernels` to load them de-quantised"
+        )
+    quantizer.remove_quantization_config(model)
 
 
 def load_pretrained(name_or_path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
