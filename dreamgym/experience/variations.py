@@ -156,6 +156,7 @@ def write_variations(
         top_k=None,
         use_cache=True,
         cache_implementation=CACHE,
+        disable_compile=True,  # generate.CACHE says why
         stop_strings=[VARIANT_STOP],
         tokenizer=tokenizer,
         pad_token_id=tokenizer.pad_token_id,
