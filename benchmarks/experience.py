@@ -28,10 +28,8 @@ import torch
 from common import machine, model_setup
 
 from dreamgym.data.schema import read_transitions
-from dreamgym.envs.dynamics import Query
-from dreamgym.experience.examples import history_of
+from dreamgym.experience.examples import queries_of
 from dreamgym.experience.generate import open_experience_model
-from dreamgym.state import parse_state
 
 
 def main() -> None:
@@ -65,16 +63,7 @@ def main() -> None:
     }
     with open_experience_model(model_dir, run_dir, config) as experience:
         report["parameters"] = sum(p.numel() for p in experience.model.parameters())
-        queries = [
-            Query(
-                row["instruction"],
-                parse_state(row["state"]),
-                row["action"],
-                tuple(history_of(rows, index, experience.config.history)),
-                row["trajectory_id"],
-            )
-            for index, row in enumerate(rows)
-        ][: args.transitions]
+        queries = queries_of(rows, experience.config.history)[: args.transitions]
         experience.predict(queries[:2])  # warm-up: first-call allocations, retrieval pool
         for batch in args.batches:
             rates, token_rates, parsed = [], [], []

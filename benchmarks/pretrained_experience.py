@@ -37,7 +37,7 @@ from dreamgym.benchmark import machine
 from dreamgym.config import load_config
 from dreamgym.data.games import game_setting
 from dreamgym.envs.dynamics import Query
-from dreamgym.experience.examples import history_of, load_examples, load_kept_names
+from dreamgym.experience.examples import load_examples, load_kept_names, queries_of
 from dreamgym.experience.fidelity import evaluate
 from dreamgym.experience.generate import (
     ExperienceModel,
@@ -46,7 +46,6 @@ from dreamgym.experience.generate import (
     trained_kept_names,
     trained_settings,
 )
-from dreamgym.state import parse_state
 
 EXAMPLES = "examples.parquet"
 SETS = "sets"
@@ -87,19 +86,9 @@ class ReplayedCopy(ReplayedRetrieval, NeighbourCopy):
         self.recorded = recorded
 
 
-def queries_of(rows: list[dict], history: int) -> list[Query]:
-    """Single-step queries of real transitions, as `fidelity.single_step` writes them."""
-    rows = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
-    return [
-        Query(
-            row["instruction"],
-            parse_state(row["state"]),
-            row["action"],
-            tuple(history_of(rows, index, history)),
-            row["trajectory_id"],
-        )
-        for index, row in enumerate(rows)
-    ]
+def sorted_queries(rows: list[dict], history: int) -> list[Query]:
+    """Single-step queries of real transitions, in the order `fidelity.single_step` reads them."""
+    return queries_of(sorted(rows, key=lambda row: (row["trajectory_id"], row["step"])), history)
 
 
 def _summary(report) -> dict:
@@ -150,7 +139,7 @@ def export(args: argparse.Namespace) -> None:
             started = time.perf_counter()
             report = evaluate(experience, rows, horizon=0, batch_size=32, progress=True, setting_of=game_setting)
             seconds = time.perf_counter() - started
-            retrieval = _retrieval_seconds(live, queries_of(rows, experience.config.history))
+            retrieval = _retrieval_seconds(live, sorted_queries(rows, experience.config.history))
             # Replaying must give the live records: the same prompts, so the same predictions.
             replayed = ReplayedRetrieval(
                 experience.model, experience.tokenizer, experience.config, recorded, experience.kept_names
@@ -283,7 +272,7 @@ def run(args: argparse.Namespace) -> None:
             episodes = sorted({row["trajectory_id"] for row in data["rows"]})[: args.limit]
             data["rows"] = [row for row in data["rows"] if row["trajectory_id"] in set(episodes)]
         experience = ReplayedRetrieval(model, tokenizer, settings, data["recorded"], kept, seed=config.seed)
-        first = first or (experience, queries_of(data["rows"], settings.history))
+        first = first or (experience, sorted_queries(data["rows"], settings.history))
         if time.perf_counter() > deadline:
             print(f"{name}: skipped, past the deadline", flush=True)
             continue

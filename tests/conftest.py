@@ -62,22 +62,11 @@ def free_ports(count: int = 1) -> list[int]:
 
 
 def queries_of(rows: list[dict], history: int) -> list:
-    """An episode's transitions as experience-model queries, as its examples were built: the real
-    state, action and `history` steps before. Modules import it as `from conftest import ...`."""
-    from dreamgym.envs.dynamics import Query
-    from dreamgym.experience.examples import history_of
-    from dreamgym.state import parse_state
+    """An episode's transitions as experience-model queries (the library's `queries_of`). Modules
+    import it as `from conftest import ...`."""
+    from dreamgym.experience.examples import queries_of as library_queries_of
 
-    return [
-        Query(
-            row["instruction"],
-            parse_state(row["state"]),
-            row["action"],
-            tuple(history_of(rows, index, history)),
-            row["trajectory_id"],
-        )
-        for index, row in enumerate(rows)
-    ]
+    return library_queries_of(rows, history)
 
 
 @pytest.fixture(scope="session")

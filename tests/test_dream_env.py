@@ -132,9 +132,9 @@ def test_an_unavailable_action_changes_nothing_and_asks_no_model(experience, tas
     observation, reward, terminated, truncated, info = env.step("dance with the fridge")
     assert (observation, reward, terminated, truncated) == (start, 0.0, False, False)
     assert env.model_steps == 0 and info["model_failure"] is None and env.take_transitions() == []
-    env.step("look")
+    env.step("sing")  # not "look": whether the model ends the episode there is the model's say
     observation, _, _, truncated, _ = env.step("dance")
-    assert truncated  # the step limit is the env's, not the model's
+    assert truncated and env.model_steps == 0  # the step limit is the env's, not the model's
     with pytest.raises(EnvError, match="after the episode ended"):
         env.step("look")
 

@@ -68,7 +68,7 @@ def test_the_packaged_model_fine_tunes_and_saves_like_any_other(smollm2, tmp_pat
     check passes, a step of training lowers its loss, and it saves and loads back as it was."""
     from transformers.trainer_utils import validate_quantization_for_training
 
-    from dreamgym.lm.model import load_model, save_model
+    from dreamgym.lm.model import save_model
 
     model, tokenizer = smollm2
     validate_quantization_for_training(model)  # raises for a model the Trainer will not fine-tune
@@ -79,7 +79,7 @@ def test_the_packaged_model_fine_tunes_and_saves_like_any_other(smollm2, tmp_pat
     torch.optim.SGD(trained.parameters(), lr=1e-3).step()
     with torch.no_grad():
         assert trained(ids, labels=ids).loss < before
-    saved, _ = load_model(save_model(trained.eval(), tokenizer, tmp_path / "model"))
+    saved, _ = load_pretrained(save_model(trained.eval(), tokenizer, tmp_path / "model"))  # float32, here
     with torch.no_grad():
         torch.testing.assert_close(saved(ids).logits, trained(ids).logits, rtol=1e-4, atol=1e-4)
 

@@ -34,7 +34,7 @@ from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_instructions
 from dreamgym.config import ExperienceConfig
 from dreamgym.domain import NO_RULES, Domain, named_domain
-from dreamgym.envs.dynamics import Step
+from dreamgym.envs.dynamics import Query, Step
 from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.format import (
     Worked,
@@ -82,6 +82,22 @@ def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
             break
         steps.append(Step(previous["action"], previous["reward"], parse_state(previous["state"]).location))
     return steps[::-1]
+
+
+def queries_of(rows: Sequence[dict], h: int) -> list[Query]:
+    """Real transitions as experience-model queries, as their examples are built and fidelity reads
+    them: each row's task, real state and action, and the up to `h` steps before it (`rows` sorted
+    by (trajectory_id, step), as `history_of` needs them)."""
+    return [
+        Query(
+            row["instruction"],
+            parse_state(row["state"]),
+            row["action"],
+            tuple(history_of(rows, index, h)),
+            row["trajectory_id"],
+        )
+        for index, row in enumerate(rows)
+    ]
 
 
 def neighbours(

@@ -194,8 +194,8 @@ def _load_packaged(name: str, dtype: torch.dtype | None) -> tuple[PreTrainedMode
 def _detach_gguf_quantizer(model: PreTrainedModel, name: str) -> None:
     """transformers de-quantises GGUF weights into ordinary float layers (unless the `kernels`
     package is there to keep them packed) but still marks the model quantized, and then the
-    Trainer refuses to fine-tune it ("purely quantized models") and `save_pretrained` to write it.
-    Nothing of the GGUF blocks is left in such a model, so the mark goes."""
+    Trainer refuses to fine-tune it ("purely quantized models"). Nothing of the GGUF blocks is left
+    in such a model, so the mark goes."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is None:
         return
