@@ -10,12 +10,14 @@ A lent GPU machine has no Postgres, sentence encoder or TextWorld, so the work i
         --set held-out=outputs/experience/fidelity_real.parquet --set shifted=data/games/shifted
     # 2. on the GPU machine: fine-tune the named model (TRL SFT, bf16), then its fidelity on every
     #    set and its speed at batch 1 and 32; `--trained DIR` measures a trained model as it is
-    python benchmarks/pretrained_experience.py run --bundle .gpu/bundle --model smollm2-135m --json out.json
+    python benchmarks/pretrained_experience.py run --bundle .gpu/bundle --model smollm2-135m \
+        --sets shifted held-out --json out.json
 
 On the GPU machine retrieval is replayed from the recording (`ReplayedRetrieval`): the prompts are
 the ones the buffer gives (the export checks that replaying gives the live model's records), and the
 speed figures are the model's part of a step (prompt, generation, constrained decoding, parsing,
-retries), not the retrieval's, whose CPU cost the export measures per batch.
+retries), not the retrieval's, whose CPU cost the export measures per batch. A bundle's sets are
+pickled: read only bundles you made.
 """
 
 from __future__ import annotations
