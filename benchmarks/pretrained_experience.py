@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import lzma
 import pickle
@@ -120,61 +121,70 @@ def export(args: argparse.Namespace) -> None:
     # A bundle grows set by set: sets exported before are kept.
     earlier = json.loads((out / BASELINE).read_text())["sets"] if (out / BASELINE).is_file() else {}
     baseline = {"model": setup.model_label, "examples": str(examples), "machine": machine(), "sets": earlier}
-    for spec in args.set:
-        name, source = spec.split("=", 1)
-        source = Path(source)
-        if source.is_dir():  # a folder of games: their real transitions, as `dreamgym experience eval` collects
-            parquet = setup.project / config.paths.outputs_dir / "experience" / f"eval-{source.resolve().name}.parquet"
-            source = Path(collect_held_out(source, parquet, config))
-        rows = read_transitions(source).to_pylist()
-        recorded: dict = {}
-        with open_experience_model(setup.model_dir, setup.run_dir, config) as experience:
-            live = experience.retrieved
-
-            def recording(queries, live=live, recorded=recorded):
-                found = live(queries)
-                for query, rows_found in zip(queries, found):
-                    recorded[retrieval_key(query)] = [_portable(row) for row in rows_found]
-                return found
-
-            experience.retrieved = recording
-            started = time.perf_counter()
-            report = evaluate(experience, rows, horizon=0, batch_size=32, progress=True, setting_of=game_setting)
-            seconds = time.perf_counter() - started
-            retrieval = _retrieval_seconds(live, sorted_queries(rows, experience.config.history))
-            # Replaying must give the live records: the same prompts, so the same predictions.
-            replayed = ReplayedRetrieval(
-                experience.model, experience.tokenizer, experience.config, recorded, experience.kept_names
-            )
-            check = args.check_transitions
-            same = (
-                evaluate(replayed, rows[:check], horizon=0, batch_size=32).records
-                == evaluate(experience, rows[:check], horizon=0, batch_size=32).records
-            )
-            if not same:
-                raise SystemExit(f"{name}: replayed retrieval gives other records than the live one")
-            copy = evaluate(
-                ReplayedCopy(experience.config, recorded, experience.kept_names),
-                rows,
-                horizon=0,
-                batch_size=32,
-                setting_of=game_setting,
-            )
-        with lzma.open(out / SETS / f"{name}.pkl.xz", "wb") as file:
-            pickle.dump({"rows": rows, "recorded": recorded}, file)
-        baseline["sets"][name] = {
-            "source": str(source),
-            "model": _summary(report),
-            "no_model": _summary(copy),
-            "model_seconds": seconds,
-            "retrieval_seconds_per_batch": retrieval,
-        }
-        print(
-            f"{name}: {len(rows)} transitions; model exact {report.summary['next_state_exact_match']:.1%}, "
-            f"no model {copy.summary['next_state_exact_match']:.1%}; replay checked on {check}",
-            flush=True,
-        )
+    # One model, buffer and encoder for every set: its retrieval is recorded set by set.
+    with open_experience_model(setup.model_dir, setup.run_dir, config) as experience:
+        live = experience.retrieved
+        for spec in args.set:
+            name, source = spec.split("=", 1)
+            source = Path(source)
+            if source.is_dir():  # a folder of games: their real transitions, as `dreamgym experience eval` collects
+                parquet = (
+                    setup.project / config.paths.outputs_dir / "experience" / f"eval-{source.resolve().name}.parquet"
+                )
+                source = Path(collect_held_out(source, parquet, config))
+            rows = read_transitions(source).to_pylist()
+            recorded: dict = {}
+            experience.retrieved = functools.partial(_recording, live, recorded)
+            baseline["sets"][name] = {"source": str(source)} | _measured(experience, live, recorded, rows, name, args)
+            with lzma.open(out / SETS / f"{name}.pkl.xz", "wb") as file:
+                pickle.dump({"rows": rows, "recorded": recorded}, file)
     (out / BASELINE).write_text(json.dumps(baseline, indent=1))
+
+
+def _recording(live, recorded: dict, queries: list[Query]) -> list[list[dict]]:
+    """`live` retrieval, each query's neighbours kept in `recorded`."""
+    found = live(queries)
+    for query, rows_found in zip(queries, found):
+        recorded[retrieval_key(query)] = [_portable(row) for row in rows_found]
+    return found
+
+
+def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict], name: str, args) -> dict:
+    """The fidelity of the project's model (its retrieval recorded meanwhile) and of no model on
+    `rows`, the retrieval's own time, and the check that replaying the recording changes nothing."""
+    started = time.perf_counter()
+    report = evaluate(experience, rows, horizon=0, batch_size=32, progress=True, setting_of=game_setting)
+    seconds = time.perf_counter() - started
+    retrieval = _retrieval_seconds(live, sorted_queries(rows, experience.config.history))
+    # Replaying must give the live records: the same prompts, so the same predictions.
+    replayed = ReplayedRetrieval(
+        experience.model, experience.tokenizer, experience.config, recorded, experience.kept_names
+    )
+    check = args.check_transitions
+    same = (
+        evaluate(replayed, rows[:check], horizon=0, batch_size=32).records
+        == evaluate(experience, rows[:check], horizon=0, batch_size=32).records
+    )
+    if not same:
+        raise SystemExit(f"{name}: replayed retrieval gives other records than the live one")
+    copy = evaluate(
+        ReplayedCopy(experience.config, recorded, experience.kept_names),
+        rows,
+        horizon=0,
+        batch_size=32,
+        setting_of=game_setting,
+    )
+    print(
+        f"{name}: {len(rows)} transitions; model exact {report.summary['next_state_exact_match']:.1%}, "
+        f"no model {copy.summary['next_state_exact_match']:.1%}; replay checked on {check}",
+        flush=True,
+    )
+    return {
+        "model": _summary(report),
+        "no_model": _summary(copy),
+        "model_seconds": seconds,
+        "retrieval_seconds_per_batch": retrieval,
+    }
 
 
 def _only_examples(folder: Path) -> Path:
