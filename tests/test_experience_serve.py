@@ -114,14 +114,18 @@ def test_predictions_from_transformers_serve_are_the_local_ones(tiny_experience,
 def test_sampled_retries_over_http_are_seeded_like_the_local_ones(tiny_experience, served, rows, tmp_path):
     # A prompt the model never saw the like of: a spread-out next-token distribution, so that
     # different seeds draw different completions (within a few tokens: short ones are enough).
+    # Two seeds can still draw the same completion from a trained model (CI saw it once), so five
+    # are drawn: the test needs only that some differ.
     short = {"max_new_tokens": 24}
+    attempts = (1, 2, 3, 4, 5)
     with open_experience_model(tiny_experience.model_dir, tmp_path, _settings(**short)) as local:
         prompt = local.prompts(queries_of(rows, TINY.history))[0] + " fridge carrot"
-        expected = [local.generate([prompt], sample=True, attempt=attempt)[0] for attempt in (1, 2)]
+        expected = [local.generate([prompt], sample=True, attempt=attempt)[0] for attempt in attempts]
     remote = RemoteExperienceModel(_settings(served, str(tiny_experience.model_dir), **short).experience)
-    drawn = [remote.generate([prompt], sample=True, attempt=attempt)[0] for attempt in (1, 2, 1)]
-    assert drawn[0] != drawn[1] and drawn[2] == drawn[0]  # sampled, and seeded
-    assert drawn[:2] == expected
+    drawn = [remote.generate([prompt], sample=True, attempt=attempt)[0] for attempt in attempts]
+    assert len(set(drawn)) > 1  # sampled
+    assert drawn == expected  # and seeded like the local draws
+    assert remote.generate([prompt], sample=True, attempt=1)[0] == drawn[0]  # the same seed again
 
 
 def test_a_model_the_server_does_not_serve_is_refused_clearly(served):
