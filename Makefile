@@ -12,11 +12,12 @@ run: $(STAMP)
 	$(BIN)/dreamgym run
 
 # The linter and formatter first (a second), then the suite on two workers, a test file each at a
-# time (its module fixtures made once): CI has two cores.
+# time (its module fixtures made once), in the collected order: the files with long tests first
+# (tests/conftest.py). CI has two cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -22,6 +22,15 @@ from dreamgym.config import ExperienceConfig, GamesConfig
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.games import generate_games, plan_games
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that hold a `long` test first, the rest in their order: `make test` hands whole
+    files to its two workers in this order (--no-loadscope-reorder), so the minutes-long ones start
+    at once and the short ones fill in around them, instead of one worker ending alone on one."""
+    long_files = {item.path for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.path not in long_files)  # a stable sort keeps each file's order
+
+
 # Small games keep the suite fast: one or two ingredients, one or six rooms.
 TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1)
 # A from-scratch experience model small enough to learn one episode by heart in ~30 s of CPU; no

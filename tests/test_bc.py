@@ -111,6 +111,7 @@ def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_ver
     assert {e["completion"].split()[0] for e in added} >= {"slice", "chop", "dice", "cook"}
 
 
+@pytest.mark.long
 def test_bc_trains_exactly_the_distribution_acting_reads(rows, cloned):
     """Each example's prompt and candidates are what the policy builds when it meets that state,
     and its training loss is -log of the probability the acting distribution gives the label."""

@@ -14,6 +14,7 @@ ROWS = ["bc", "real-grpo", "dreamgym-grpo", "dreamgym-s2r-grpo", "no-retrieval"]
 BUDGET = 40
 
 
+@pytest.mark.long
 def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, prefect_server, mlflow_tracking):
     from flows.bench import bench
 

@@ -190,6 +190,7 @@ def _exact(predictions, rows) -> float:
     ) / len(rows)
 
 
+@pytest.mark.long
 def test_a_model_with_placeholders_predicts_objects_it_never_saw(rows, first_episode, tiny_experience, tmp_path):
     kept = kept_names(rows)
     examples = build_examples(None, None, first_episode, TINY, ef_search=40, kept=kept)

@@ -197,6 +197,7 @@ def _timeless(keys: set[str]) -> set[str]:
     return {key for key in keys if not any(word in key for word in ("seconds", "per_second", "runtime"))}
 
 
+@pytest.mark.long
 def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
     tmp_path, train_games, test_games, prefect_server, mlflow_tracking
 ):

@@ -116,6 +116,7 @@ def _logs_tail(stack, chars: int = 3000) -> str:
     return "\n".join(tails)
 
 
+@pytest.mark.long
 def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares_its_registry(
     team, train_games, test_games, tmp_path
 ):

@@ -242,8 +242,8 @@ class Stack:
         service = self.services[name]
         if kill:
             os.killpg(pid, signal.SIGKILL)
-        elif name == POSTGRES:
-            os.kill(pid, getattr(signal, service.stop_signal))  # the postmaster stops its backends
+        elif service.stops_its_processes:
+            os.kill(pid, getattr(signal, service.stop_signal))
         else:
             os.killpg(pid, getattr(signal, service.stop_signal))
         deadline = time.monotonic() + STOP_SECONDS

@@ -43,6 +43,9 @@ class Service:
     health_url: str | None = None  # an HTTP GET that answers 2xx when the service is ready
     ready_seconds: float = 120.0  # how long a start may take before it is called failed
     stop_signal: str = "SIGTERM"
+    # The signal goes to the leader alone when it stops its own processes: signalled all at once,
+    # they race its orderly shutdown (a Ray head then hangs until the stop's SIGKILL, 30 s later).
+    stops_its_processes: bool = False
 
 
 def _bin(name: str) -> str:
@@ -138,6 +141,7 @@ def stack_services(
             env={},
             ready_seconds=60,
             stop_signal="SIGINT",  # Postgres' fast shutdown: SIGTERM would wait for every client to leave
+            stops_its_processes=True,  # the postmaster stops its backends
         ),
         Service(
             MLFLOW,
@@ -219,6 +223,7 @@ def stack_services(
                     "--disable-usage-stats",
                 ),
                 env=ray_auth_env(stack_dir),
+                stops_its_processes=True,  # `ray start --block` stops its GCS, raylet and workers
             )
         )
     return services
