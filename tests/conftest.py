@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 # `make test` runs two pytest-xdist workers, one per core of CI's two: each computes on one thread
 # (two threads each would fight over the cores). Set before torch is imported; the subprocesses
@@ -78,32 +81,47 @@ def queries_of(rows: list[dict], history: int) -> list:
     return library_queries_of(rows, history)
 
 
-@pytest.fixture(scope="session")
-def games_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("games")
+@contextmanager
+def made_once(tmp_path_factory, name: str) -> Iterator[Path]:
+    """A folder for what a session fixture makes, shared by the run's xdist workers: the first to
+    take the lock makes it, the other waits and finds it made (each maker here reuses a finished
+    result: games, collection, training) instead of both computing the same thing on CI's two
+    cores. Without xdist, a folder of the session's own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-<n>/: this run's, shared by its workers
+    with FileLock(root / f"{name}.lock"):
+        yield root / name
 
 
 @pytest.fixture(scope="session")
-def train_games(games_root) -> list[Path]:
+def train_games(tmp_path_factory) -> list[Path]:
     specs = plan_games(TINY_GAMES, "train", TINY_GAMES.train_count, seed=0)
-    paths, _ = generate_games(specs, games_root / "train", workers=2, progress=False)
+    with made_once(tmp_path_factory, "train-games") as folder:
+        paths, _ = generate_games(specs, folder, workers=2, progress=False)
     return paths
 
 
 @pytest.fixture(scope="session")
-def test_games(games_root) -> list[Path]:
+def test_games(tmp_path_factory) -> list[Path]:
     specs = plan_games(TINY_GAMES, "test", TINY_GAMES.test_count, seed=0)
-    paths, _ = generate_games(specs, games_root / "test", workers=2, progress=False)
+    with made_once(tmp_path_factory, "test-games") as folder:
+        paths, _ = generate_games(specs, folder, workers=2, progress=False)
     return paths
 
 
 @pytest.fixture(scope="session")
 def offline_dataset(train_games, tmp_path_factory) -> Path:
     """Noisy-expert transitions on the training games: successes and failures."""
-    out = tmp_path_factory.mktemp("offline") / "offline.parquet"
-    collect(
-        train_games, out, CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30), workers=2, progress=False
-    )
+    with made_once(tmp_path_factory, "offline") as folder:
+        out = folder / "offline.parquet"
+        collect(
+            train_games,
+            out,
+            CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=30),
+            workers=2,
+            progress=False,
+        )
     return out
 
 
@@ -134,8 +152,10 @@ def tiny_experience(first_episode, tmp_path_factory):
     from dreamgym.experience.generate import save_settings
 
     examples = build_examples(None, None, first_episode, TINY_EXPERIENCE, ef_search=40)
-    result = train_experience(examples, TINY_EXPERIENCE, tmp_path_factory.mktemp("tiny-experience"))
-    save_settings(result.model_dir, TINY_EXPERIENCE)
+    with made_once(tmp_path_factory, "tiny-experience") as folder:
+        result = train_experience(examples, TINY_EXPERIENCE, folder)
+        if not result.reused:  # a worker that found it made leaves the file the other may be reading
+            save_settings(result.model_dir, TINY_EXPERIENCE)
     return result
 
 
