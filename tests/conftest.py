@@ -73,14 +73,6 @@ def free_ports(count: int = 1) -> list[int]:
             each.close()
 
 
-def queries_of(rows: list[dict], history: int) -> list:
-    """An episode's transitions as experience-model queries (the library's `queries_of`). Modules
-    import it as `from conftest import ...`."""
-    from dreamgym.experience.examples import queries_of as library_queries_of
-
-    return library_queries_of(rows, history)
-
-
 @contextmanager
 def made_once(tmp_path_factory, name: str) -> Iterator[Path]:
     """A folder for what a session fixture makes, shared by the run's xdist workers: the first to

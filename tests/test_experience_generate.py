@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 from conftest import TINY_EXPERIENCE as TINY
-from conftest import queries_of
 
 from dreamgym.envs.dynamics import Query, Step
+from dreamgym.experience.examples import queries_of
 from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, trained_settings

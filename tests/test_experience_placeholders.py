@@ -7,12 +7,12 @@ import dataclasses
 import json
 
 import pytest
-from conftest import TINY_EXPERIENCE, queries_of, train_experience
+from conftest import TINY_EXPERIENCE, train_experience
 
 from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dynamics import Completion, Query, Step
-from dreamgym.experience.examples import build_examples, load_kept_names, save_examples
+from dreamgym.experience.examples import build_examples, load_kept_names, queries_of, save_examples
 from dreamgym.experience.format import FormatError, parse_completion, with_real_names
 from dreamgym.experience.generate import (
     SETTINGS_FILE,

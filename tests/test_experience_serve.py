@@ -17,9 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
-from conftest import free_ports, queries_of
+from conftest import free_ports
 
 from dreamgym.config import PipelineConfig
+from dreamgym.experience.examples import queries_of
 from dreamgym.experience.generate import ExperienceBackendError, RemoteExperienceModel, open_experience_model
 from dreamgym.lm.model import device_and_dtype
 

@@ -77,11 +77,11 @@ RETRY_TEMPERATURE = 0.8
 # is copied) at every step: the same tokens; on 2 CPU cores one generate of 32 long completions
 # took 5.8 s instead of 15.0 s, and DreamEnv stepped 32 episodes at 4.5 instead of 3.7
 # transitions/s (no difference at batch 1 or 8).
-CACHE = "static"
 # On a GPU, transformers compiles the forward pass of a generate with a static cache, once for every
 # new batch shape; ours change at every call (prompt lengths, compaction), and on an H200 (2026-11-27)
 # the fine-tuned SmolLM2 predicted ~2 transitions/s while the compiler recompiled: generate is called
 # with disable_compile (no effect on a CPU, which transformers never compiles for).
+CACHE = "static"
 # A batch decodes until its longest completion ends, and completions differ in length: in a DreamEnv
 # batch of 32 the mean is ~45 tokens and the longest ~135. So every COMPACT_AFTER new tokens the
 # rows still writing go on alone (their prompts and tokens so far prefilled again), with the same
