@@ -126,6 +126,22 @@ def test_rows_that_finished_leave_the_batch_and_the_others_write_the_same_tokens
     assert batches[0] == len(prompts) and len(batches) > 2 and batches[-1] < len(prompts), batches
 
 
+def test_retries_sampled_together_draw_what_each_would_draw_alone(tiny_experience, first_episode, monkeypatch):
+    import dreamgym.experience.generate as generate
+    from dreamgym.lm.model import init_model
+
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    # An untrained model spreads its scores: another seed draws another completion.
+    untrained = init_model(tokenizer, TINY, seed=1)
+    experience = ExperienceModel(untrained, tokenizer, dataclasses.replace(TINY, max_new_tokens=12))
+    prompts = experience.prompts(queries_of(first_episode[:6], TINY.history))
+    monkeypatch.setattr(generate, "COMPACT_AFTER", 4)  # the rows go on in new batches, prefilled again
+    together = experience.generate(prompts, sample=True, attempt=1)
+    assert together == [experience.generate([prompt], sample=True, attempt=1)[0] for prompt in prompts]
+    assert len(set(together)) == len(prompts)  # sampled: no two rows drew alike
+    assert experience.generate(prompts, sample=True, attempt=2) != together  # each attempt draws again
+
+
 def test_an_untrained_model_fails_explicitly(tiny_experience, first_episode):
     from dreamgym.lm.model import init_model
 

@@ -7,8 +7,10 @@ and parses them. A greedy completion is first guessed, not written: the model ne
 names its first worked example (`copied_completion`), so that copy is checked against the model
 for all its tokens in one forward pass, and only the rows where the model's greedy choice differs
 somewhere are decoded token by token (`verified_drafts`). A completion that does not parse is
-generated again by sampling (a different draw each retry); one that still does not parse comes back
-as an explicit failure with the parser's reason — never as a made-up state or a zero reward.
+generated again by sampling (a different draw each retry; a batch's retries together, each row
+drawn from its own generator seeded by its prompt, `SeededSampling`); one that still does not parse
+comes back as an explicit failure with the parser's reason — never as a made-up state or a zero
+reward.
 
 `RemoteExperienceModel` (experience.backend: http) generates on an OpenAI-compatible completions
 server instead (infra/SERVING.md): `vllm serve <model_dir>` on a GPU box takes a batch's prompts as
@@ -35,8 +37,10 @@ Decoding over HTTP, against the local backend:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +49,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
 from dreamgym.config import ExperienceConfig, PipelineConfig, config_part
 from dreamgym.domain import named_domain
@@ -117,6 +121,24 @@ class ExperienceFormatError(DreamgymError):
 
 class ExperienceBackendError(DreamgymError):
     """An experience-model server that cannot be reached or gives no usable completions."""
+
+
+class SeededSampling(LogitsProcessor):
+    """Sampling at `temperature` with one generator per batch row, as the last logits processor of
+    a greedy `generate`: each row's token is drawn from its own generator and the rest of its
+    scores set to -inf, so that decoding's argmax takes it. A row's draws then depend on its seed
+    alone, not on the rows beside it: the retries of a batch are sampled together, and each is the
+    draw it would be alone (transformers' own sampling draws every row from one generator)."""
+
+    def __init__(self, generators: Sequence[torch.Generator], temperature: float):
+        self.generators, self.temperature = generators, temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(scores / self.temperature, dim=-1)
+        drawn = torch.cat(
+            [torch.multinomial(probs[row : row + 1], 1, generator=g) for row, g in enumerate(self.generators)]
+        )
+        return torch.full_like(scores, -math.inf).scatter_(1, drawn, 0.0)
 
 
 def sample_seed(seed: int, attempt: int, prompts: Sequence[str]) -> int:
@@ -308,8 +330,11 @@ class ExperienceModel:
     ) -> list[str]:
         """Completions written token by token (`generate`)."""
         inputs = self.encode(prompts)
-        if sample:
-            torch.manual_seed(sample_seed(self.seed, attempt, prompts))
+        # Each prompt's own generator, which goes on with it through compaction.
+        generators = [
+            torch.Generator(self.model.device).manual_seed(sample_seed(self.seed, attempt, [prompt]))
+            for prompt in prompts
+        ]
         start = inputs["input_ids"].shape[1]  # where every row's completion begins (left padding)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
         rows = list(range(len(prompts)))  # the prompt of each row of the batch
@@ -317,20 +342,22 @@ class ExperienceModel:
         written = 0
         while rows:
             left = self.config.max_new_tokens - written
+            rules = self._constraints(rows, start, states, changes, traces, sample)
+            if sample:
+                rules.append(SeededSampling([generators[row] for row in rows], RETRY_TEMPERATURE))
             output = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                logits_processor=self._constraints(rows, start, states, changes, traces, sample),
+                logits_processor=rules,
                 max_new_tokens=min(left, COMPACT_AFTER) if len(rows) > 1 else left,
-                do_sample=sample,
-                temperature=RETRY_TEMPERATURE if sample else None,
+                do_sample=False,  # a sample is drawn by SeededSampling, and taken as the argmax
+                temperature=None,
                 top_p=None,
                 top_k=None,
                 use_cache=True,
                 cache_implementation=CACHE,
                 disable_compile=True,
-                stop_strings=[STOP],
-                tokenizer=self.tokenizer,
+                stopping_criteria=self._stop_at_end,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.tokenizer.eos_token_id,
             )
@@ -346,6 +373,12 @@ class ExperienceModel:
             rows, ids = [rows[index] for index in going], output[going]
             mask = torch.cat([mask[going], mask.new_ones(len(going), new.shape[1])], dim=1)
         return [ended_at_stop(text) for text in texts]
+
+    @functools.cached_property
+    def _stop_at_end(self) -> StoppingCriteriaList:
+        """Stop at STOP, built once: transformers would build it again (its token tables included)
+        at every `generate` call."""
+        return StoppingCriteriaList([StopStringCriteria(self.tokenizer, [STOP])])
 
     def _drafts_checkable(self) -> bool:
         """Whether greedy decoding is the argmax of the model's scores under constrain.py's rules
@@ -474,25 +507,16 @@ class ExperienceModel:
             for index in pending:
                 first.setdefault(prompts[index], index)
             asked = list(first.values())  # the first query of each prompt
-            if attempt == 0:  # greedy: the same text whatever else is in the batch
-                written = self.generate(
-                    [prompts[i] for i in asked],
-                    states=[queries[i].state for i in asked],
-                    changes=[shown_changes[i] for i in asked],
-                    traces=[shown_traces[i] for i in asked],
-                )
-            else:  # sampled one query at a time, so that a retry does not depend on the batch
-                written = [
-                    self.generate(
-                        [prompts[i]],
-                        sample=True,
-                        attempt=attempt,
-                        states=[queries[i].state],
-                        changes=[shown_changes[i]],
-                        traces=[shown_traces[i]],
-                    )[0]
-                    for i in asked
-                ]
+            # Greedy first, then sampled, each row with its own seed: the same text whatever else
+            # is in the batch.
+            written = self.generate(
+                [prompts[i] for i in asked],
+                sample=attempt > 0,
+                attempt=attempt,
+                states=[queries[i].state for i in asked],
+                changes=[shown_changes[i] for i in asked],
+                traces=[shown_traces[i] for i in asked],
+            )
             text_of = {prompts[i]: text for i, text in zip(asked, written)}
             still = []
             for index in pending:
@@ -616,6 +640,8 @@ class RemoteExperienceModel(ExperienceModel):
         here (`states`, `changes` and `traces` are unused): the server decodes freely."""
         if not prompts:
             return []
+        if sample and len(prompts) > 1:  # each retry seeded by its own prompt: one request each
+            return [self.generate([prompt], sample, attempt)[0] for prompt in prompts]
         if self.takes_lists is not False:
             try:
                 texts = self._texts(self._post(self._body(list(prompts), sample, attempt)), len(prompts))
