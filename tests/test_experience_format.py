@@ -475,6 +475,36 @@ def test_the_same_step_in_another_trajectory_is_retrieved(filled, encoder, rows)
     assert neighbours(None, None, repeated[:2], k=0, ef_search=100) == [[], []]
 
 
+def test_queries_that_ask_the_same_are_searched_once_and_a_real_trajectory_still_sets_its_own_apart(
+    filled, encoder, rows, monkeypatch
+):
+    import dreamgym.experience.examples as examples
+
+    trajectories = defaultdict(set)
+    for row in rows:
+        trajectories[row["task_id"], row["state"], row["action"]].add(row["trajectory_id"])
+    # A step two episodes took (of more, a third one's could be shown instead of the other's).
+    row = next(row for row in rows if len(trajectories[row["task_id"], row["state"], row["action"]]) == 2)
+    own, other = sorted(trajectories[row["task_id"], row["state"], row["action"]])
+    # Two real episodes' step, the same step in two dream rollouts (ids no buffer row has) and alone.
+    asked = [own, other, "dream-rollout-1", "dream-rollout-2", None]
+    queries = [{**row, "state": parse_state(row["state"]), "trajectory_id": tid} for tid in asked]
+    searched = []
+    original = examples.search
+    monkeypatch.setattr(
+        examples,
+        "search",
+        lambda db, vectors, *a, **kw: searched.append(len(vectors)) or original(db, vectors, *a, **kw),
+    )
+    found = neighbours(filled, encoder, queries, k=3, ef_search=100)
+    assert searched == [3]  # the two real episodes, and once for the three that exclude nothing
+    shown = [[hit["trajectory_id"] for hit in hits] for hits in found]
+    assert own not in shown[0] and other in shown[0]  # each real episode sees the other's step
+    assert other not in shown[1] and own in shown[1]
+    assert found[2] == found[3] == found[4] and found[2] is not found[3]  # alike, each its own rows
+    assert found[2][0] is not found[3][0]
+
+
 def test_a_wrong_preparation_is_shown_a_mistake_that_lost_and_a_right_one_a_step_that_scored(
     buffer_db, encoder, train_games, tmp_path
 ):

@@ -176,3 +176,38 @@ def test_of_two_candidates_alike_so_far_the_one_acting_on_the_same_kind_comes_fi
     ]
     assert closeness(query, tomato)[-1] > closeness(query, potato)[-1]  # more items in common
     assert closest(query, [tomato, potato], 2, changes) == [1, 0]
+
+
+def test_the_closest_one_found_key_by_key_is_the_first_of_the_full_ranking():
+    import random
+
+    rng = random.Random(0)
+    state = carrying("obj1 (roasted)", "egg")
+    changes = [
+        None,
+        "inventory: -obj1; +obj1 (chopped, roasted)",  # fits
+        "inventory: -obj1 (fried); +obj1 (chopped, fried)",  # does not
+        "no change",
+        "actions: -chop obj1 with knife",
+    ]
+    items = [f"visible: thing{n}" for n in range(6)]
+    for _ in range(300):
+
+        def drawn() -> Situation:
+            return Situation(
+                rng.choice(["chop obj1 with knife", "look"]),
+                frozenset(rng.sample(items, rng.randint(0, 4))),
+                frozenset(rng.sample(items[:2], rng.randint(0, 1))),
+                state,
+                rng.choice([None, "a", "b"]),
+                frozenset(rng.sample(["carrot", "knife"], rng.randint(0, 2))),
+                COOKING,
+            )
+
+        query, candidates = drawn(), [drawn() for _ in range(rng.randint(1, 12))]
+        picked = [rng.choice(changes) for _ in candidates]
+        off = frozenset(rng.sample(RANKING_KEYS, rng.choice([0, 0, 1, 2])))
+        ranked = sorted(
+            range(len(candidates)), key=lambda i: closeness(query, candidates[i], picked[i], off), reverse=True
+        )
+        assert closest(query, candidates, 1, picked, off) == ranked[:1]

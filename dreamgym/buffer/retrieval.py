@@ -172,3 +172,16 @@ def task_instructions(database: Database, task_ids: Iterable[str]) -> dict[str, 
     with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
         cursor.execute("SELECT task_id, instruction FROM tasks WHERE task_id = ANY(%s)", (task_ids,))
         return dict(cursor.fetchall())
+
+
+def stored_trajectories(database: Database, trajectory_ids: Iterable[str], source: str | None = None) -> set[str]:
+    """Those of `trajectory_ids` that the buffer holds transitions of (of `source` only, if given)."""
+    trajectory_ids = sorted(set(trajectory_ids))
+    if not trajectory_ids:
+        return set()
+    sql = "SELECT DISTINCT trajectory_id FROM transitions WHERE trajectory_id = ANY(%s)"
+    if source is not None:
+        sql += " AND source = %s"
+    with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
+        cursor.execute(sql, (trajectory_ids, source) if source is not None else (trajectory_ids,))
+        return {trajectory_id for (trajectory_id,) in cursor.fetchall()}

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder, transition_text
-from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, task_instructions
+from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, stored_trajectories, task_instructions
 from dreamgym.config import ExperienceConfig
 from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
@@ -131,6 +131,43 @@ def neighbours(
         return [[] for _ in queries]
     if database is None or (encoder is None and vectors is None):
         raise ValueError("retrieving neighbours (k > 0) needs a buffer database and an encoder")
+    # Queries that ask the same get the same neighbours, found once: a GRPO group's rollouts start
+    # from one state and often take the same moves. A query's own trajectory is left out of its
+    # neighbours; one the search cannot return (a dream's, where only real rows are searched)
+    # leaves nothing out, so it does not set its query apart.
+    searchable = stored_trajectories(
+        database, {q["trajectory_id"] for q in queries if q.get("trajectory_id")}, None if synthetic else "real"
+    )
+    keys = [
+        (
+            q["instruction"],
+            _state_text(q["state"]),
+            q["action"],
+            q["trajectory_id"] if q.get("trajectory_id") in searchable else None,
+        )
+        for q in queries
+    ]
+    first: dict[tuple, int] = {}
+    for index, key in enumerate(keys):
+        first.setdefault(key, index)
+    if len(first) < len(queries):
+        asked = list(first.values())
+        found = neighbours(
+            database,
+            encoder,
+            [queries[i] | {"trajectory_id": keys[i][3]} for i in asked],
+            k,
+            ef_search,
+            None if vectors is None else vectors[asked],
+            synthetic,
+            pool,
+            kept,
+            ranking_off,
+            domain,
+        )
+        by_key = {keys[i]: rows for i, rows in zip(asked, found)}
+        # Each query its own dicts, as the search gives them: callers may add to what they get.
+        return [[dict(row) for row in by_key[key]] for key in keys]
     if vectors is None:  # each text once: the rollouts of a GRPO group often ask the same
         texts = [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
         distinct = list(dict.fromkeys(texts))

@@ -131,6 +131,23 @@ def stored_change(state_text: str, next_state_text: str, action: str, kept: froz
     return state_delta(parse_state(row["state"]), parse_state(row["next_state"]))
 
 
+def _change_fits(query: Situation, change: str | None) -> bool:
+    return change is not None and query.state is not None and fits(query.state, change)
+
+
+# Each ranking key: larger is closer. Named as in RANKING_KEYS, in its order.
+_KEYS = {
+    "action": lambda query, candidate, change: query.action == candidate.action,
+    "change_fits": lambda query, candidate, change: query.action == candidate.action and _change_fits(query, change),
+    "task_relation": lambda query, candidate, change: query.relation == candidate.relation,
+    "acted_items": lambda query, candidate, change: query.acted == candidate.acted,
+    "open_closed": lambda query, candidate, change: _opened_alike(query, candidate, change),
+    "kind": lambda query, candidate, change: query.kinds == candidate.kinds,
+    "shared_items": lambda query, candidate, change: _shared(query, candidate),
+}
+assert tuple(_KEYS) == RANKING_KEYS
+
+
 def closeness(
     query: Situation, candidate: Situation, change: str | None = None, off: frozenset[str] = frozenset()
 ) -> tuple[bool, bool, bool, bool, bool, bool, float]:
@@ -139,17 +156,35 @@ def closeness(
     then the same items named by the action, then whether what the change's actions name is open
     or closed alike on both sides, then the same kinds of items acted on, then the share of state
     items in common. A key in `off` counts the same for every candidate."""
-    same_action = query.action == candidate.action
-    fitting = same_action and change is not None and query.state is not None and fits(query.state, change)
-    return (
-        "action" not in off and same_action,
-        "change_fits" not in off and fitting,
-        "task_relation" not in off and query.relation == candidate.relation,
-        "acted_items" not in off and query.acted == candidate.acted,
-        "open_closed" not in off and _opened_alike(query, candidate, change),
-        "kind" not in off and query.kinds == candidate.kinds,
-        _shared(query, candidate) if "shared_items" not in off else 0.0,
+    return tuple(  # type: ignore[return-value] - one value per key, in that order
+        (0.0 if name == "shared_items" else False) if name in off else key(query, candidate, change)
+        for name, key in _KEYS.items()
     )
+
+
+def _closest_one(query: Situation, candidates: Sequence[Situation], changes: Sequence[str | None], scored, off) -> int:
+    """The first of `scored` whose `closeness` is the largest, computed key by key on the candidates
+    still tied: a later key (the open or closed things, the share of items) only for the few
+    alike so far, and whether a change fits once per distinct change."""
+    fitting: dict[str | None, bool] = {}
+
+    def value(name: str, i: int):
+        if name == "change_fits":  # many candidates share a change: `fits` once for each
+            if changes[i] not in fitting:
+                fitting[changes[i]] = _change_fits(query, changes[i])
+            return query.action == candidates[i].action and fitting[changes[i]]
+        return _KEYS[name](query, candidates[i], changes[i])
+
+    tied = list(scored)
+    for name in RANKING_KEYS:
+        if len(tied) == 1:
+            break
+        if name in off:
+            continue
+        values = [value(name, i) for i in tied]
+        best = max(values)
+        tied = [i for i, v in zip(tied, values) if v == best]
+    return tied[0]
 
 
 def _opened_alike(query: Situation, candidate: Situation, change: str | None) -> bool:
@@ -180,6 +215,8 @@ def closest(
     same_action = [i for i, candidate in enumerate(candidates) if candidate.action == query.action]
     # The same action comes first: when k candidates have it, the others need not be scored.
     scored = same_action if len(same_action) >= k and "action" not in off else range(len(candidates))
+    if k == 1 and scored:
+        return [_closest_one(query, candidates, changes, scored, off)]
     ranked = sorted(
         scored, key=lambda i: closeness(query, candidates[i], changes[i], off), reverse=True
     )  # a stable sort, reversed or not
