@@ -330,10 +330,10 @@ class ExperienceModel:
     ) -> list[str]:
         """Completions written token by token (`generate`)."""
         inputs = self.encode(prompts)
-        # Each prompt's own generator, which goes on with it through compaction.
+        # A sampled prompt's own generator, which goes on with it through compaction.
         generators = [
             torch.Generator(self.model.device).manual_seed(sample_seed(self.seed, attempt, [prompt]))
-            for prompt in prompts
+            for prompt in (prompts if sample else ())
         ]
         start = inputs["input_ids"].shape[1]  # where every row's completion begins (left padding)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
