@@ -150,25 +150,43 @@ def neighbours(
     first: dict[tuple, int] = {}
     for index, key in enumerate(keys):
         first.setdefault(key, index)
-    if len(first) < len(queries):
-        asked = list(first.values())
-        found = neighbours(
-            database,
-            encoder,
-            [queries[i] | {"trajectory_id": keys[i][3]} for i in asked],
-            k,
-            ef_search,
-            None if vectors is None else vectors[asked],
-            synthetic,
-            pool,
-            kept,
-            ranking_off,
-            domain,
-        )
-        by_key = {keys[i]: rows for i, rows in zip(asked, found)}
-        # Each query its own dicts, as the search gives them: callers may add to what they get.
-        return [[dict(row) for row in by_key[key]] for key in keys]
-    if vectors is None:  # each text once: the rollouts of a GRPO group often ask the same
+    asked = list(first.values())
+    found = _retrieved(
+        database,
+        encoder,
+        [queries[i] | {"trajectory_id": keys[i][3]} for i in asked],
+        k,
+        ef_search,
+        None if vectors is None else vectors[asked],
+        synthetic,
+        pool,
+        kept,
+        ranking_off,
+        domain,
+    )
+    by_key = {keys[i]: rows for i, rows in zip(asked, found)}
+    # Each query its own dicts, as the search gives them (callers may add to what they get): a
+    # repeated query gets copies.
+    return [
+        by_key[key] if first[key] == index else [dict(row) for row in by_key[key]] for index, key in enumerate(keys)
+    ]
+
+
+def _retrieved(
+    database: Database,
+    encoder: Encoder | None,
+    queries: Sequence[dict],
+    k: int,
+    ef_search: int,
+    vectors: np.ndarray | None,
+    synthetic: bool,
+    pool: int,
+    kept: frozenset[str] | None,
+    ranking_off: Sequence[str],
+    domain: Domain,
+) -> list[list[dict]]:
+    """`neighbours` of distinct queries: one search for all of them, then the ranking."""
+    if vectors is None:  # each text once: queries of two real episodes can ask the same
         texts = [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
         distinct = list(dict.fromkeys(texts))
         encoded = dict(zip(distinct, encoder.encode(distinct)))
