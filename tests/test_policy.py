@@ -135,6 +135,33 @@ def test_score_actions_does_not_depend_on_the_batch(policy):
     assert second_alone.tolist() == pytest.approx(together[4:].tolist(), abs=1e-4)
 
 
+def test_rows_of_like_length_go_together_and_come_back_in_the_callers_order(model, tokenizer, monkeypatch):
+    """More rows than one pass takes, longest first: they are scored in passes of the shortest
+    rows together, and every score and value comes back where the caller put its prompt."""
+    import dreamgym.policy.model as policy_model
+
+    policy = make_policy(model, tokenizer)
+    policy.add_value_head()
+    with torch.no_grad():
+        policy.value_head.weight.normal_(generator=torch.Generator().manual_seed(2))
+    prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[0]]
+    candidates = [CANDIDATES[1], CANDIDATES[0], CANDIDATES[1][:1], CANDIDATES[0][2:], CANDIDATES[0][:1]]
+    monkeypatch.setattr(policy_model, "ROWS_PER_PASS", 2)
+    scores, values = policy.score_actions(prompts, candidates, with_values=True)
+    expected = [
+        naive_score(policy, prompt, action)[0] for prompt, options in zip(prompts, candidates) for action in options
+    ]
+    assert scores.tolist() == pytest.approx(expected, abs=1e-4)
+    with torch.no_grad():
+        for prompt, value in zip(prompts, values):
+            ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+            hidden = policy.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0, -1]
+            assert float(value) == pytest.approx(float(policy.value_head(hidden)), abs=1e-4)
+    # differentiable, as BC and the RL losses need
+    (scores.sum() + values.sum()).backward()
+    assert policy.model.get_input_embeddings().weight.grad.abs().sum() > 0
+
+
 def test_score_actions_needs_a_candidate_per_prompt(policy):
     with pytest.raises(PolicyError):
         policy.score_actions(PROMPTS, [CANDIDATES[0], ()])
