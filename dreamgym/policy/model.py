@@ -20,8 +20,8 @@ positions it would have right after the prompt. A state with 30 available action
 of prompt + 30 short actions, not 30 full passes; and, unlike continuing each candidate from a copy
 of its prompt's KV cache (the way this was done before), nothing is copied per candidate, which
 made BC steps and acting ~1.8x faster on CPU (benchmarks/policy_scoring.py). Rows of like length
-share a forward pass (`ROWS_PER_PASS`), and no logits are made for prompt tokens: BC steps ~1.4x
-and acting ~1.35x faster again.
+share a forward pass (`ROWS_PER_PASS`), and no logits are made for prompt tokens: BC steps ~1.3x
+and acting 1.3-1.6x faster again (benchmarks/results/policy-scoring-2026-11-27.json).
 """
 
 from __future__ import annotations
