@@ -24,7 +24,7 @@ from dreamgym.data.collect import (
     plan_collection,
     summarize,
 )
-from dreamgym.data.games import GameSpec, is_complete, make_game
+from dreamgym.data.games import GameSpec, is_complete, make_games
 from dreamgym.data.schema import read_transitions, to_table, write_transitions
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import BATCH, EvaluationReport, evaluate_policy
@@ -62,8 +62,8 @@ class InProcess:
 
 
 def make_games_piece(specs: list[GameSpec], out_dir: str) -> list[str]:
-    """A piece: compile `specs` into `out_dir` one after the other (tw-make is one process each)."""
-    return [str(make_game(spec, Path(out_dir))) for spec in specs]
+    """A piece: compile `specs` into `out_dir` one after the other (in one child process)."""
+    return [str(path) for path in make_games(specs, out_dir)]
 
 
 def generate_in_pieces(specs: Sequence[GameSpec], out_dir: str | Path, fanout: Fanout) -> tuple[list[Path], int]:

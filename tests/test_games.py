@@ -1,10 +1,22 @@
+import dataclasses
 import hashlib
+import json
+import os
+import subprocess
 import sys
 
 import pytest
 
 from dreamgym.config import GamesConfig
-from dreamgym.data.games import game_setting, generate_games, list_games, plan_games
+from dreamgym.data.games import (
+    GameGenerationError,
+    _portable,
+    _tw_make,
+    game_setting,
+    generate_games,
+    list_games,
+    plan_games,
+)
 from dreamgym.errors import DreamgymError
 
 
@@ -50,6 +62,25 @@ def test_existing_games_are_reused_and_a_seed_gives_identical_files(train_games,
     metadata = again[0].with_suffix(".json").read_text()
     assert sys.prefix not in metadata and str(tmp_path) not in metadata
     assert '"text_grammars_path": "textworld/' in metadata
+
+
+def test_a_game_made_after_another_in_one_process_has_the_bytes_of_its_own_tw_make_run(train_games, tmp_path):
+    """Workers make their games one after another in one process: nothing TextWorld keeps between
+    two games may change the second. The fixture's two workers made games 0 then 2, and 1."""
+    spec = plan_games(GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6)), "train", 3, seed=0)[2]
+    alone = tmp_path / f"{spec.name}.z8"
+    subprocess.run([_tw_make(), *spec.tw_make_args(alone)], env={**os.environ, "PYTHONHASHSEED": "0"}, check=True)
+    metadata = alone.with_suffix(".json")
+    metadata.write_text(json.dumps(_portable(json.loads(metadata.read_text()), alone)))
+    for suffix in (".z8", ".json", ".ni"):
+        assert train_games[2].with_suffix(suffix).read_bytes() == alone.with_suffix(suffix).read_bytes(), suffix
+
+
+def test_a_game_textworld_cannot_make_fails_with_its_name_and_the_reason(tmp_path):
+    spec = dataclasses.replace(plan_games(GamesConfig(recipe=(1,), take=(1,), go=(1,)), "train", 1, seed=0)[0], go=3)
+    with pytest.raises(GameGenerationError, match=rf"tw-make failed for {spec.name}: \w+"):
+        generate_games([spec], tmp_path, progress=False)
+    assert not list(tmp_path.glob("*.z8")) and not list(tmp_path.glob(".tw-make-*"))
 
 
 def test_a_half_written_game_is_made_again(train_games, tmp_path):
