@@ -190,7 +190,7 @@ def cloning_beside(config: PipelineConfig, ingested: IngestResult, project_dir: 
     """Behaviour cloning in a child process while the `with` block runs (the pipeline's experience
     stage: BC does not need the experience model), into the folder the policy stage reads, which then
     finds it finished. The two share the cores, half the threads each: on 2 CPU cores a BC step and
-    an SFT step side by side on one thread each do 1.38x the work of the two on two threads one
+    an SFT step side by side on one thread each do 1.37x the work of the two on two threads one
     after the other (benchmarks/results/, 2026-11-27). The block's end waits for the child; if the
     block fails, the child is stopped (its folder is then trained again by the next run). A child
     that fails leaves BC to the policy stage, which reports the error if it is one."""
