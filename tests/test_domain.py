@@ -94,6 +94,9 @@ def test_a_task_asks_for_its_recipes_ingredients():
     assert cooking.task_objects(task) == ("red hot pepper", "block of cheese")
     assert cooking.task_objects("Recipe: ingredients: milk. directions: prepare meal.") == ("milk",)
     assert cooking.task_objects("go to the kitchen") == () and NO_RULES.task_objects(task) == ()
+    # a model-written task that runs a direction into the list names no object with it
+    written = "Recipe: ingredients: yellow pork; roast the carrot, carrot. directions: roast the carrot; prepare meal."
+    assert cooking.task_objects(written) == ("carrot",)
 
 
 def test_a_step_that_carries_out_a_direction_has_a_task_for_each_other_verb_of_its_family_and_of_the_others():

@@ -123,11 +123,15 @@ class TextWorldCooking:
         }
 
     def task_objects(self, instruction: str) -> tuple[str, ...]:
-        """The recipe's ingredients, in its order: `Recipe: ingredients: a, b. directions: ...`."""
+        """The recipe's ingredients, in its order: `Recipe: ingredients: a, b. directions: ...`.
+        Only names an object can have: a task the experience model wrote (the curriculum's
+        variations) may run a direction into the list (`ingredients: yellow pork; roast the carrot`),
+        and no object is called that (a state's items cannot hold `;`: dreamgym/state.py)."""
         found = _INGREDIENTS.search(instruction)
         if found is None:
             return ()
-        return tuple(name for name in (part.strip() for part in found[1].split(",")) if name)
+        names = (part.strip() for part in found[1].split(","))
+        return tuple(name for name in names if name and ";" not in name and "\n" not in name)
 
     def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
         """For an action that carries out a direction of the recipe (`dice carrot with knife` under
