@@ -1,6 +1,5 @@
 """The whole pipeline as one Prefect flow: ingest → validate → upsert → experience SFT → fidelity →
-RL in DreamEnv with the curriculum → real held-out evaluation → promotion gate. Behaviour cloning,
-the policy stage's first step, runs beside the experience stage (it does not need its model).
+RL in DreamEnv with the curriculum → real held-out evaluation → promotion gate.
 
 Each stage is a sub-flow made of versioned tasks (flows/caching.py): an unchanged re-run is a
 cache hit, and a changed parameter re-runs the tasks that read it and those downstream. Stages
@@ -17,7 +16,6 @@ prefect.yaml (`dreamgym serve`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -39,7 +37,7 @@ from flows.caching import stage_key
 from flows.compute import compute_settings, on_compute, ray_cluster
 from flows.ingest import IngestResult, ingest, log_dataset, markdown_table
 from flows.train_experience import ExperienceResult, train_experience
-from flows.train_policy import ClonedBeside, PolicyResult, cloning_beside, train_policy
+from flows.train_policy import PolicyResult, train_policy
 
 
 @dataclass(frozen=True)
@@ -191,19 +189,13 @@ def pipeline(
         ingested = result.ingest
         mlflow.set_tag("dreamgym.data_md5", ingested.data_md5)
         log_dataset(ingested.validated_path, ingested.data_md5, ingested.dvc_file)
-        cloned = ClonedBeside()
         if STAGES.index(until) >= STAGES.index("experience"):
-            # BC needs no experience model: locally, it trains beside it, on half the cores.
-            beside = STAGES.index(until) >= STAGES.index("policy") and compute.task_runner == "local"
-            with cloning_beside(config, ingested, str(project)) if beside else contextlib.nullcontext(cloned) as cloned:
-                experience = on_compute(train_experience, compute)(config, ingested, str(project))
+            experience = on_compute(train_experience, compute)(config, ingested, str(project))
             result = replace(result, experience=experience)
             mlflow.set_tag("dreamgym.experience_model", result.experience.model)
             write_stage_metrics(project, config, result, "experience")
         if STAGES.index(until) >= STAGES.index("policy"):
-            policy = on_compute(train_policy, compute)(
-                config, ingested, result.experience, str(project), cloned_beside=cloned.trained
-            )
+            policy = on_compute(train_policy, compute)(config, ingested, result.experience, str(project))
             result = replace(result, policy=policy)
             mlflow.set_tag("dreamgym.policy", result.policy.model)
             write_stage_metrics(project, config, result, "policy")

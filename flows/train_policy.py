@@ -14,14 +14,10 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import logging
-import multiprocessing
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
-import torch
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
@@ -42,7 +38,6 @@ from dreamgym.evaluation import (
 )
 from dreamgym.experience.variations import dream_curriculum, seed_tasks
 from dreamgym.fanout import evaluate_in_pieces
-from dreamgym.lm.sft import RESULT_FILE, TrainResult
 from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
@@ -130,25 +125,6 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def bc_folder(config: PipelineConfig, ingested: IngestResult, project: Path) -> Path:
-    """Where the policy stage's behaviour cloning goes: named by the data and the policy settings."""
-    key = _key(ingested.data_md5, config_to_dict(config)["policy"], config.seed)
-    return project / config.paths.outputs_dir / "policy" / f"bc-{key}"
-
-
-def clone(validated: str, out_dir: str, config: PipelineConfig, progress: bool = True) -> tuple[int, TrainResult]:
-    """BC on the real episodes into `out_dir/bc`, its untrained starting point saved beside it
-    (`out_dir/untrained`); a finished run there is reused. Returns the examples' count and the
-    training's result."""
-    rows = read_transitions(validated).to_pylist()
-    kept = policy_kept_names(rows, config.policy)
-    examples = bc_examples(rows, config.policy, kept)
-    untrained = Path(out_dir) / "untrained"
-    if not (untrained / "config.json").is_file():
-        initial_policy(examples, config.policy, config.seed, kept).save(untrained)
-    return len(examples), train_bc(examples, config.policy, Path(out_dir) / "bc", config.seed, kept, progress=progress)
-
-
 @task(
     name="behaviour-cloning",
     cache_key_fn=stage_key(
@@ -156,75 +132,28 @@ def clone(validated: str, out_dir: str, config: PipelineConfig, progress: bool =
     ),
 )
 def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> WarmStart:
-    """BC on the real episodes (`clone`), its loss curve logged to the stage's MLflow run."""
-    examples, result = clone(validated, out_dir, config)
-    for step, loss in result.train_losses:
-        mlflow.log_metric("train_loss", loss, step=step)
+    """BC on the successful real episodes; the untrained starting point is saved beside it."""
+    rows = read_transitions(validated).to_pylist()
+    kept = policy_kept_names(rows, config.policy)
+    examples = bc_examples(rows, config.policy, kept)
+    untrained = Path(out_dir) / "untrained"
+    if not (untrained / "config.json").is_file():
+        initial_policy(examples, config.policy, config.seed, kept).save(untrained)
+    result = train_bc(examples, config.policy, Path(out_dir) / "bc", config.seed, kept, log_to_mlflow=True)
     get_run_logger().info(
-        "BC: %d examples, %d steps in %.0fs%s", examples, result.steps, result.seconds, " (reused)" * result.reused
+        "BC: %d examples, %d steps (%s)",
+        len(examples),
+        result.steps,
+        "reused" if result.reused else f"{result.seconds:.0f}s",
     )
     return WarmStart(
-        untrained=str(Path(out_dir) / "untrained"),
+        untrained=str(untrained),
         bc=str(result.model_dir),
-        examples=examples,
+        examples=len(examples),
         steps=result.steps,
         seconds=result.seconds,
         reused=result.reused,
     )
-
-
-@dataclass
-class ClonedBeside:
-    """What `cloning_beside` did: `trained` once its child process finished a BC run."""
-
-    trained: bool = False
-
-
-def _clone_in_child(validated: str, out_dir: str, config: PipelineConfig, threads: int) -> None:
-    torch.set_num_threads(threads)
-    clone(validated, out_dir, config, progress=False)
-
-
-@contextlib.contextmanager
-def cloning_beside(config: PipelineConfig, ingested: IngestResult, project_dir: str) -> Iterator[ClonedBeside]:
-    """Behaviour cloning in a child process while the `with` block runs (the pipeline's experience
-    stage: BC does not need the experience model), into the folder the policy stage reads, which then
-    finds it finished. The two share the cores, half the threads each: on 2 CPU cores a BC step and
-    an SFT step side by side on one thread each do 1.37x the work of the two on two threads one
-    after the other (benchmarks/results/, 2026-11-27). The block's end waits for the child; if the
-    block fails, the child is stopped (its folder is then trained again by the next run). A child
-    that fails leaves BC to the policy stage, which reports the error if it is one."""
-    cloned = ClonedBeside()
-    out_dir = bc_folder(config, ingested, Path(project_dir).resolve())
-    if (out_dir / "bc" / "model" / RESULT_FILE).is_file():
-        yield cloned
-        return
-    threads = torch.get_num_threads()
-    share = max(1, threads // 2)
-    child = multiprocessing.get_context("spawn").Process(
-        target=_clone_in_child,
-        args=(ingested.validated_path, str(out_dir), config, share),
-        name="behaviour-cloning",
-    )
-    child.start()
-    logger = logging.getLogger("dreamgym.policy")
-    logger.info("behaviour cloning into %s beside the experience stage (pid %s, %d threads)", out_dir, child.pid, share)
-    torch.set_num_threads(max(1, threads - share))
-    finished = False
-    try:
-        yield cloned
-        finished = True
-    finally:
-        torch.set_num_threads(threads)
-        if not finished:
-            child.terminate()
-        child.join()
-    cloned.trained = child.exitcode == 0
-    if not cloned.trained:
-        logger.warning(
-            "behaviour cloning beside the experience model failed (exit code %s); the policy stage trains it",
-            child.exitcode,
-        )
 
 
 def dream_phase(config: PipelineConfig) -> PipelineConfig:
@@ -394,19 +323,16 @@ def train_policy(
     experience: ExperienceResult,
     project_dir: str = ".",
     register_model: bool = True,
-    cloned_beside: bool = False,
 ) -> PolicyResult:
-    """BC → RL → (sim-to-real) → real evaluation → registry; see the module docstring.
-    `cloned_beside`: this run's BC was trained already, beside the experience model
-    (`cloning_beside`): not an earlier run's."""
+    """BC → RL → (sim-to-real) → real evaluation → registry; see the module docstring."""
     project = Path(project_dir).resolve()
     run_dir = str(project / config.paths.run_dir)
     data_md5 = ingested.data_md5
     train_games_dir = str(project / config.paths.data_dir / "games" / "train")
     settings = config_to_dict(config)
+    bc_key = _key(data_md5, settings["policy"], config.seed)
     root = project / config.paths.outputs_dir / "policy"
-    bc_dir = bc_folder(config, ingested, project)
-    bc_key = bc_dir.name.removeprefix("bc-")
+    bc_dir = root / f"bc-{bc_key}"
     experience_label = experience.model
     tags = {
         "dreamgym.data_md5": data_md5,
@@ -418,7 +344,7 @@ def train_policy(
         stages = Stages()
         bc = stages.run(bc_task, ingested.validated_path, str(bc_dir), config)
         # A cache hit hands back the earlier run's result, `reused` as that run saw it.
-        bc = dataclasses.replace(bc, reused=(bc.reused and not cloned_beside) or stages.was_cached(bc_task))
+        bc = dataclasses.replace(bc, reused=bc.reused or stages.was_cached(bc_task))
 
         phase = dream_phase(config) if config.rl.env == "dream" else config
         rl_key = _key(

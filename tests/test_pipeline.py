@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import mlflow
 import pytest
@@ -320,31 +319,3 @@ def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, train_gam
     ):
         stored = connection.execute(text("SELECT count(*), count(DISTINCT content_hash) FROM transitions")).one()
     assert tuple(stored) == (collected.num_rows, collected.num_rows)
-
-
-def test_bc_trained_beside_a_block_is_found_finished_by_the_policy_stage(offline_dataset, tmp_path):
-    """The pipeline clones beside the experience stage: a child process on half the threads,
-    into the folder the policy stage reads; a failing block stops the child."""
-    import torch
-
-    from dreamgym.config import load_config
-    from flows.train_policy import bc_folder, clone, cloning_beside
-
-    config = load_config(ROOT / "params.yaml", OVERRIDES)
-    ingested = SimpleNamespace(validated_path=str(offline_dataset), data_md5="md5-of-the-data")
-    threads = torch.get_num_threads()
-    with cloning_beside(config, ingested, str(tmp_path)) as cloned:
-        assert torch.get_num_threads() == max(1, threads - threads // 2)  # the rest are the child's
-    assert cloned.trained and torch.get_num_threads() == threads
-    folder = bc_folder(config, ingested, tmp_path)
-    _, result = clone(str(offline_dataset), str(folder), config, progress=False)
-    assert result.reused and (folder / "untrained" / "config.json").is_file()
-    with cloning_beside(config, ingested, str(tmp_path)) as again:  # finished: nothing to start
-        pass
-    assert not again.trained
-
-    other = load_config(ROOT / "params.yaml", {**OVERRIDES, "seed": 1})
-    with pytest.raises(RuntimeError, match="experience stage failed"), cloning_beside(other, ingested, str(tmp_path)):
-        raise RuntimeError("the experience stage failed")
-    assert not (bc_folder(other, ingested, tmp_path) / "bc" / "model").exists()
-    assert torch.get_num_threads() == threads
