@@ -38,7 +38,6 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dreamgym.config import PolicyConfig, config_part
-from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_model
 from dreamgym.policy.view import PolicyInput, policy_input
@@ -116,7 +115,6 @@ class Policy(nn.Module):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.value_head = value_head
         self.kept_names = kept_names if config.placeholders else None
-        self.domain = named_domain(config.domain)
 
     def view(self, observation: Observation) -> PolicyInput:
         """The prompt and candidate texts of one observation, as behaviour cloning made them."""
@@ -128,7 +126,6 @@ class Policy(nn.Module):
             self.kept_names,
             list_actions=self.config.mode == "generate",
             past_states=observation.past_states if self.config.avoid_repeats else None,
-            task_objects=self.domain.task_objects(observation.instruction),
         )
 
     @property
@@ -391,7 +388,6 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     values = json.loads((path / SETTINGS_FILE).read_text()) if (path / SETTINGS_FILE).is_file() else {}
     values.setdefault("placeholders", False)  # saved before placeholders existed: real names
     values.setdefault("avoid_repeats", False)  # saved before it existed: trained on every candidate
-    values.setdefault("domain", "none")  # saved before the domain named the task's objects in the prompt
     settings = dataclasses.replace(config or PolicyConfig(), **values)
     kept = None
     if settings.placeholders:
