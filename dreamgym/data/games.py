@@ -222,7 +222,7 @@ def make_games(
     command = [sys.executable, "-m", "dreamgym.data.make_games", str(out_dir)]
     payload = json.dumps([dataclasses.asdict(spec) for spec in specs])
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    made, said = [], []
+    made, last_said = [], ""
     with subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as child:
@@ -234,9 +234,9 @@ def make_games(
                 if on_made is not None:
                     on_made(made[-1])
             elif line.strip():
-                said.append(line.strip())
+                last_said = line.strip()
     if child.returncode != 0 or len(made) != len(specs):
-        reason = said[-1] if said else f"exit status {child.returncode}, no output"
+        reason = last_said or f"exit status {child.returncode}, no output"
         reason = reason.split(f"{GameGenerationError.__name__}: ", 1)[-1]  # the child's traceback's last line
         raise GameGenerationError(f"tw-make failed for {specs[min(len(made), len(specs) - 1)].name}: {reason}")
     return made
