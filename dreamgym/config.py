@@ -335,7 +335,7 @@ class ExperienceConfig:
         ),
     ] = 1024
     # Training
-    epochs: Annotated[float, _help("Passes over the training examples.", gt=0, part="training")] = 3.0
+    epochs: Annotated[float, _help("Passes over the training examples.", gt=0, part="training")] = 2.0
     batch_size: Annotated[int, _help("Examples per optimiser step.", ge=1, part="training")] = 8
     learning_rate: Annotated[
         float, _help("Peak learning rate (cosine schedule after warmup).", gt=0, part="training")

@@ -162,6 +162,46 @@ def test_rows_of_like_length_go_together_and_come_back_in_the_callers_order(mode
     assert policy.model.get_input_embeddings().weight.grad.abs().sum() > 0
 
 
+def test_token_ids_come_from_the_cache_and_a_full_cache_starts_again(model, tokenizer, monkeypatch):
+    """Token ids are kept by text (BC reads the same texts every epoch); scores with a cache that
+    fills up within one call are those of fresh tokenization."""
+    import dreamgym.policy.model as policy_model
+
+    policy = make_policy(model, tokenizer)
+    monkeypatch.setattr(policy_model, "TOKEN_CACHE_SIZE", 3)
+    expected = [
+        naive_score(policy, prompt, action)[0] for prompt, options in zip(PROMPTS, CANDIDATES) for action in options
+    ]
+    for _ in range(2):
+        with torch.no_grad():
+            scores, _ = policy.score_actions(PROMPTS, CANDIDATES)
+        assert scores.tolist() == pytest.approx(expected, abs=1e-4)
+    assert len(policy._token_cache) <= len(PROMPTS) + sum(map(len, CANDIDATES))
+    monkeypatch.setattr(policy_model, "TOKEN_CACHE_SIZE", 1000)
+    calls = []
+    monkeypatch.setattr(policy, "tokenizer", _Counting(tokenizer, calls))
+    with torch.no_grad():
+        policy.score_actions(PROMPTS, CANDIDATES)
+        assert 1 <= len(calls) <= 2  # what the small cache lost: prompts and actions, one call each
+        calls.clear()
+        policy.score_actions(PROMPTS, CANDIDATES)
+    assert calls == []
+
+
+class _Counting:
+    """A tokenizer that records its calls."""
+
+    def __init__(self, tokenizer, calls: list):
+        self._tokenizer, self._calls = tokenizer, calls
+
+    def __call__(self, *args, **kwargs):
+        self._calls.append(args)
+        return self._tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
 def test_score_actions_needs_a_candidate_per_prompt(policy):
     with pytest.raises(PolicyError):
         policy.score_actions(PROMPTS, [CANDIDATES[0], ()])

@@ -50,6 +50,10 @@ KEPT_NAMES_FILE = "kept_names.json"
 # spent 38% of their tokens on padding in one pass. A BC step of 16 on 2 CPU cores: 0.37 s in one
 # pass, 0.31 / 0.29 / 0.29 s in passes of 8 / 4 / 2 rows. A GPU, wider, may want more: not measured.
 ROWS_PER_PASS = 4
+# Token ids kept per policy, by text: BC reads every example's prompt and ~30 candidates once an
+# epoch, and tokenizing them again took ~40 ms of a ~310 ms BC step on 2 CPU cores; acting and RL
+# meet the same actions ("go north", "examine counter") at every step. Cleared when full.
+TOKEN_CACHE_SIZE = 1 << 16
 
 
 class PolicyError(DreamgymError):
@@ -115,6 +119,7 @@ class Policy(nn.Module):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.value_head = value_head
         self.kept_names = kept_names if config.placeholders else None
+        self._token_cache: dict[tuple[str, bool], list[int]] = {}
 
     def view(self, observation: Observation) -> PolicyInput:
         """The prompt and candidate texts of one observation, as behaviour cloning made them."""
@@ -143,16 +148,27 @@ class Policy(nn.Module):
 
     # --- scoring ------------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt: str, reserve: int) -> list[int]:
-        """A prompt's token ids; one too long for max_length - `reserve` loses its start but keeps
-        its first (BOS) token, as in training."""
+    def _token_ids(self, texts: Sequence[str], special_tokens: bool) -> list[list[int]]:
+        """The token ids of each text (`TOKEN_CACHE_SIZE`); those not known yet are tokenized in
+        one call. Shared lists: not to be changed by the caller."""
+        cache = self._token_cache
+        missing = list(dict.fromkeys(text for text in texts if (text, special_tokens) not in cache))
+        if missing:
+            if len(cache) + len(missing) > TOKEN_CACHE_SIZE:
+                cache.clear()
+            encoded = self.tokenizer(missing, add_special_tokens=special_tokens)["input_ids"]
+            cache.update(((text, special_tokens), ids) for text, ids in zip(missing, encoded))
+        return [cache[text, special_tokens] for text in texts]
+
+    def _prompt_ids(self, ids: list[int], reserve: int) -> list[int]:
+        """A prompt's token ids `ids`, cut to fit: one too long for max_length - `reserve` loses its
+        start but keeps its first (BOS) token, as in training."""
         budget = max(8, self.config.max_length - reserve)
-        ids = self.tokenizer(prompt)["input_ids"]
         return ids[:1] + ids[len(ids) - budget + 1 :] if len(ids) > budget else ids
 
     def _encode_prompts(self, prompts: Sequence[str], reserve: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids (`_prompt_ids`) and mask."""
-        rows = [self._prompt_ids(prompt, reserve) for prompt in prompts]
+        rows = [self._prompt_ids(ids, reserve) for ids in self._token_ids(prompts, special_tokens=True)]
         width = max(len(ids) for ids in rows)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rows], device=self.device)
@@ -206,17 +222,15 @@ class Policy(nn.Module):
         if with_values and self.value_head is None:
             raise PolicyError("this policy has no value head; call add_value_head() first (PPO)")
         eos = self.tokenizer.eos_token_id
-        action_ids = [
-            [
-                self.tokenizer(action_completion(action), add_special_tokens=False)["input_ids"] + [eos]
-                for action in options
-            ]
-            for options in candidates
-        ]
+        completions = self._token_ids(
+            [action_completion(action) for options in candidates for action in options], special_tokens=False
+        )
+        ends = list(itertools.accumulate(map(len, candidates), initial=0))
+        action_ids = [[[*ids, eos] for ids in completions[start:end]] for start, end in itertools.pairwise(ends)]
         # Room for the longest candidate of the whole call, so that a prompt is cut the same
         # whichever pass it goes in.
         reserve = max(len(ids) for options in action_ids for ids in options)
-        prompt_ids = [self._prompt_ids(prompt, reserve) for prompt in prompts]
+        prompt_ids = [self._prompt_ids(ids, reserve) for ids in self._token_ids(prompts, special_tokens=True)]
         length = [len(ids) + sum(map(len, options)) for ids, options in zip(prompt_ids, action_ids)]
         by_length = sorted(range(len(prompts)), key=length.__getitem__)
         passes = [by_length[start : start + ROWS_PER_PASS] for start in range(0, len(by_length), ROWS_PER_PASS)]
