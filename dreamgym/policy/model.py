@@ -51,7 +51,7 @@ KEPT_NAMES_FILE = "kept_names.json"
 # pass, 0.31 / 0.29 / 0.29 s in passes of 8 / 4 / 2 rows. A GPU, wider, may want more: not measured.
 ROWS_PER_PASS = 4
 # Token ids kept per policy, by text: BC reads every example's prompt and ~30 candidates once an
-# epoch, and tokenizing them again took ~40 ms of a ~310 ms BC step on 2 CPU cores; acting and RL
+# epoch, and tokenizing them again took ~28 ms of a ~0.3 s BC step on 2 CPU cores; acting and RL
 # meet the same actions ("go north", "examine counter") at every step. Cleared when full.
 TOKEN_CACHE_SIZE = 1 << 16
 
