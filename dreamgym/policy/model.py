@@ -160,15 +160,18 @@ class Policy(nn.Module):
             cache.update(((text, special_tokens), ids) for text, ids in zip(missing, encoded))
         return [cache[text, special_tokens] for text in texts]
 
-    def _prompt_ids(self, ids: list[int], reserve: int) -> list[int]:
-        """A prompt's token ids `ids`, cut to fit: one too long for max_length - `reserve` loses its
+    def _prompt_ids(self, prompts: Sequence[str], reserve: int) -> list[list[int]]:
+        """Each prompt's token ids, cut to fit: one too long for max_length - `reserve` loses its
         start but keeps its first (BOS) token, as in training."""
         budget = max(8, self.config.max_length - reserve)
-        return ids[:1] + ids[len(ids) - budget + 1 :] if len(ids) > budget else ids
+        return [
+            ids[:1] + ids[len(ids) - budget + 1 :] if len(ids) > budget else ids
+            for ids in self._token_ids(prompts, special_tokens=True)
+        ]
 
     def _encode_prompts(self, prompts: Sequence[str], reserve: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids (`_prompt_ids`) and mask."""
-        rows = [self._prompt_ids(ids, reserve) for ids in self._token_ids(prompts, special_tokens=True)]
+        rows = self._prompt_ids(prompts, reserve)
         width = max(len(ids) for ids in rows)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rows], device=self.device)
@@ -230,7 +233,7 @@ class Policy(nn.Module):
         # Room for the longest candidate of the whole call, so that a prompt is cut the same
         # whichever pass it goes in.
         reserve = max(len(ids) for options in action_ids for ids in options)
-        prompt_ids = [self._prompt_ids(ids, reserve) for ids in self._token_ids(prompts, special_tokens=True)]
+        prompt_ids = self._prompt_ids(prompts, reserve)
         length = [len(ids) + sum(map(len, options)) for ids, options in zip(prompt_ids, action_ids)]
         by_length = sorted(range(len(prompts)), key=length.__getitem__)
         passes = [by_length[start : start + ROWS_PER_PASS] for start in range(0, len(by_length), ROWS_PER_PASS)]
