@@ -12,7 +12,7 @@ from dreamgym.config import RLConfig
 from dreamgym.envs.base import Task
 from dreamgym.policy.model import Decision
 from dreamgym.rl.grpo import GRPO, group_advantages
-from dreamgym.rl.loop import ENTROPY_FLOOR, collapse_warnings
+from dreamgym.rl.loop import ENTROPY_FLOOR, collapse_warnings, episode_metrics
 from dreamgym.rl.losses import (
     clip_fraction,
     clipped_surrogate,
@@ -423,6 +423,18 @@ def test_collapse_warnings_success_falling_to_zero():
     assert "success rate" in messages[0] and "0.50" in messages[0] and "epoch 2" in messages[0]
     both = collapse_warnings([_row(0, 1.0, 0.75), _row(1, 0.001, 0.0)])
     assert len(both) == 2
+
+
+def test_an_epoch_the_budget_cut_part_of_has_no_outcomes_but_its_counts():
+    """The episodes that finished before the budget ran out are the short ones: no epoch's success."""
+    whole = [_episode("A", f"w{i}", 3, i < 3) for i in range(4)]
+    assert episode_metrics(whole, "outcome")["success_rate"] == 0.75
+    assert episode_metrics(whole, "outcome")["steps_mean"] == 3
+    partial = [_episode("A", "short", 1, False), *(_episode("A", f"c{i}", 5, False, cut=True) for i in range(3))]
+    metrics = episode_metrics(partial, "outcome")
+    assert metrics["episodes"] == 1 and metrics["cut_episodes"] == 3
+    assert not {"success_rate", "return_mean", "steps_mean"} & metrics.keys()
+    assert collapse_warnings([_row(0, 1.0, 0.94), {"epoch": 1.0, "entropy": 1.0, **metrics}]) == []
 
 
 def test_an_epoch_the_budget_cut_entirely_is_no_collapse():

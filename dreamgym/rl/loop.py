@@ -92,7 +92,7 @@ def collapse_warnings(history: Sequence[dict[str, float]]) -> list[str]:
             f"epoch {last['epoch']}: policy entropy collapsed to {last['entropy']:.3f} nats "
             "(it no longer explores); raise rl.entropy_coef or rl.kl_coef, or lower the learning rate"
         )
-    rates = [row["success_rate"] for row in history if "success_rate" in row]  # absent: none finished
+    rates = [row["success_rate"] for row in history if "success_rate" in row]  # absent: a partial epoch
     if last.get("success_rate") == 0 and max(rates) > 0:
         messages.append(
             f"epoch {last['epoch']}: success rate collapsed to 0 after reaching {max(rates):.2f}; "
@@ -178,16 +178,20 @@ def _update(
     return {key: value / steps for key, value in totals.items()} if steps else {}
 
 
-def _episode_metrics(episodes: Sequence[Episode], reward: str) -> dict[str, float]:
-    """The epoch's outcomes over the episodes that finished; where the real budget cut them all,
-    success, return and steps are unknown and left out (not 0: that would read as a collapse)."""
+def episode_metrics(episodes: Sequence[Episode], reward: str) -> dict[str, float]:
+    """The epoch's outcomes (success, return, steps) over its episodes. Where the real budget cut
+    some of them, the epoch is partial and its outcomes are left out: the episodes that finished
+    are the ones that ended first, the short ones, and a rate over them is no epoch's success (a
+    bench's real GRPO "fell" from 0.94 to 0 on the 2 episodes of such an epoch; results log,
+    2026-11-27). Where it cut them all, nothing finished either. Left out, not 0: 0 would read as
+    a collapse."""
     finished = [episode for episode in episodes if not episode.cut]
     metrics = {
         "episodes": float(len(finished)),
         "model_failures": float(sum(sum(episode.model_failures) for episode in episodes)),
         "cut_episodes": float(len(episodes) - len(finished)),
     }
-    if finished:
+    if finished and len(finished) == len(episodes):
         metrics |= {
             "success_rate": sum(episode.won for episode in finished) / len(finished),
             "return_mean": sum(episode.episode_return(reward) for episode in finished) / len(finished),
@@ -334,7 +338,7 @@ def _train_rl(
             )
             metrics = {
                 "epoch": float(epoch),
-                **_episode_metrics(episodes, config.reward),
+                **episode_metrics(episodes, config.reward),
                 **update,
                 "samples": float(len(samples)),
                 "real_transitions": float(budget.used),
