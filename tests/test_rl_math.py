@@ -427,9 +427,8 @@ def test_collapse_warnings_success_falling_to_zero():
 
 def test_an_epoch_the_budget_cut_part_of_has_no_outcomes_but_its_counts():
     """The episodes that finished before the budget ran out are the short ones: no epoch's success."""
-    whole = [_episode("A", f"w{i}", 3, i < 3) for i in range(4)]
-    assert episode_metrics(whole, "outcome")["success_rate"] == 0.75
-    assert episode_metrics(whole, "outcome")["steps_mean"] == 3
+    whole = episode_metrics([_episode("A", f"w{i}", 3, i < 3) for i in range(4)], "outcome")
+    assert whole["success_rate"] == 0.75 and whole["steps_mean"] == 3
     partial = [_episode("A", "short", 1, False), *(_episode("A", f"c{i}", 5, False, cut=True) for i in range(3))]
     metrics = episode_metrics(partial, "outcome")
     assert metrics["episodes"] == 1 and metrics["cut_episodes"] == 3
