@@ -282,6 +282,44 @@ def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_e
     assert min(looks.values()) > 10, looks  # each look was taken
 
 
+def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that_does(tiny_experience, monkeypatch):
+    """Sampling draws among the best-scored tokens that keep the completion a prefix of the format,
+    and when none of them does, among every token that does: the definition, token by token, on
+    200 random cases (the look at every token tries only the tokens whose first character fits)."""
+    import random
+
+    from dreamgym.experience import constrain
+
+    monkeypatch.setattr(constrain, "FORMAT_CANDIDATES", 2)
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+    completion = (
+        "<reasoning>The player takes the knife.</reasoning>\n<next_state>\nvisible: -knife (on table)\n"
+        "inventory: +knife\n</next_state>\n<reward>0</reward>\n<done>false</done>"
+    )
+    pattern = constrain.completion_pattern(reasoning=True)
+    pieces = constrain._vocabulary(tokenizer, len(tokenizer)).pieces
+    rng, looks = random.Random(1), {"first": 0, "every": 0}
+    for _ in range(200):
+        written = completion[: rng.randint(0, len(completion) - 1)]
+        scores = torch.randn(1, len(tokenizer))
+        scores[0, rng.sample(range(len(tokenizer)), 50)] = float("-inf")  # masked by another rule
+        fitting = {
+            t
+            for t in range(len(pieces))
+            if pieces[t] and scores[0, t] > float("-inf") and pattern.fullmatch(written + pieces[t], partial=True)
+        }
+        top = set(torch.topk(scores[0], 2).indices.tolist())
+        alive = set((scores[0] > float("-inf")).nonzero().flatten().tolist())
+        expected = (top & fitting) or fitting or alive  # none fits: left to the parser to refuse
+        looks["first" if top & fitting else "every"] += 1
+        constraint = constrain.DeltaConstraint(tokenizer, [state], prompt_length=0, greedy=False)
+        constraint.generated[0] = written
+        constraint._constrain_format(0, scores)
+        assert set((scores[0] > float("-inf")).nonzero().flatten().tolist()) == expected, written
+    assert min(looks.values()) > 10, looks  # both looks were taken
+
+
 def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
     from dreamgym.experience.constrain import DeltaConstraint, allowed_removals
 
