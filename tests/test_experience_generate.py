@@ -248,6 +248,14 @@ def test_the_tokens_toward_an_ending_are_those_the_definition_gives(tiny_experie
     assert cases > 150  # most cases leave some tokens, so the comparison means something
 
 
+# A state and a completion in the format, cut at random points by the format rule's tests.
+FORMAT_STATE = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+FORMAT_COMPLETION = (
+    "<reasoning>The player takes the knife.</reasoning>\n<next_state>\nvisible: -knife (on table)\n"
+    "inventory: +knife\n</next_state>\n<reward>0</reward>\n<done>false</done>"
+)
+
+
 def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_experience, monkeypatch):
     """Whichever look finds it (the first candidates, the wider second look, every token), greedy
     decoding keeps the one token the definition names: the best-scored whose piece keeps the
@@ -259,23 +267,18 @@ def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_e
     monkeypatch.setattr(constrain, "FORMAT_CANDIDATES", 2)
     monkeypatch.setattr(constrain, "FORMAT_FALLBACK", 64)
     _, tokenizer = load_model(tiny_experience.model_dir)
-    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
-    completion = (
-        "<reasoning>The player takes the knife.</reasoning>\n<next_state>\nvisible: -knife (on table)\n"
-        "inventory: +knife\n</next_state>\n<reward>0</reward>\n<done>false</done>"
-    )
     pattern = constrain.completion_pattern(reasoning=True)
-    assert pattern.fullmatch(completion)
+    assert pattern.fullmatch(FORMAT_COMPLETION)
     pieces = constrain._vocabulary(tokenizer, len(tokenizer)).pieces
     rng, looks = random.Random(0), {"first": 0, "second": 0, "every": 0}
     for _ in range(200):
-        written = completion[: rng.randint(0, len(completion) - 1)]
+        written = FORMAT_COMPLETION[: rng.randint(0, len(FORMAT_COMPLETION) - 1)]
         scores = torch.randn(1, len(tokenizer))
         fitting = [t for t in range(len(pieces)) if pieces[t] and pattern.fullmatch(written + pieces[t], partial=True)]
         best = max(fitting, key=lambda token: scores[0, token].item())
         rank = int((scores[0] > scores[0, best]).sum())
         looks["first" if rank < 2 else "second" if rank < 64 else "every"] += 1
-        constraint = constrain.DeltaConstraint(tokenizer, [state], prompt_length=0)
+        constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0)
         constraint.generated[0] = written
         constraint._constrain_format(0, scores)
         assert (scores[0] > float("-inf")).nonzero().flatten().tolist() == [best], written
@@ -292,16 +295,11 @@ def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that
 
     monkeypatch.setattr(constrain, "FORMAT_CANDIDATES", 2)
     _, tokenizer = load_model(tiny_experience.model_dir)
-    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
-    completion = (
-        "<reasoning>The player takes the knife.</reasoning>\n<next_state>\nvisible: -knife (on table)\n"
-        "inventory: +knife\n</next_state>\n<reward>0</reward>\n<done>false</done>"
-    )
     pattern = constrain.completion_pattern(reasoning=True)
     pieces = constrain._vocabulary(tokenizer, len(tokenizer)).pieces
     rng, looks = random.Random(1), {"first": 0, "every": 0}
     for _ in range(200):
-        written = completion[: rng.randint(0, len(completion) - 1)]
+        written = FORMAT_COMPLETION[: rng.randint(0, len(FORMAT_COMPLETION) - 1)]
         scores = torch.randn(1, len(tokenizer))
         scores[0, rng.sample(range(len(tokenizer)), 50)] = float("-inf")  # masked by another rule
         fitting = {
@@ -313,7 +311,7 @@ def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that
         alive = set((scores[0] > float("-inf")).nonzero().flatten().tolist())
         expected = (top & fitting) or fitting or alive  # none fits: left to the parser to refuse
         looks["first" if top & fitting else "every"] += 1
-        constraint = constrain.DeltaConstraint(tokenizer, [state], prompt_length=0, greedy=False)
+        constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0, greedy=False)
         constraint.generated[0] = written
         constraint._constrain_format(0, scores)
         assert set((scores[0] > float("-inf")).nonzero().flatten().tolist()) == expected, written
