@@ -31,6 +31,7 @@ from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.examples import build_examples, queries_of
 from dreamgym.experience.fidelity import foreseeable
+from dreamgym.experience.format import NO_CHANGE, SAME_AS
 from dreamgym.experience.generate import trained_kept_names
 from dreamgym.state import parse_state
 
@@ -38,10 +39,10 @@ from dreamgym.state import parse_state
 def given_as(completion: str) -> str:
     """How a training completion gives its next state: `example i`, `no change` or `written out`."""
     body = completion.split("<next_state>\n", 1)[1]
-    named = re.match(r"same as example (\d+)", body)
+    named = re.match(SAME_AS.format(r"(\d+)"), body)
     if named:
         return f"example {named.group(1)}"
-    return "no change" if body.startswith("no change") else "written out"
+    return "no change" if body.startswith(NO_CHANGE) else "written out"
 
 
 def shares(counts: Counter) -> dict:

@@ -49,7 +49,7 @@ def measure(folder: Path, cuts: int) -> dict:
         ]
         every.append(time.perf_counter() - started)
         started = time.perf_counter()
-        found = constraint._every_fitting(written, scores)
+        found = constraint._every_fitting(written, scores.tolist())
         first.append(time.perf_counter() - started)
         assert found == expected, written
     return {
