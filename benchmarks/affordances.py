@@ -3,7 +3,7 @@ actions of its next state are computed from the state's objects instead of copie
 and a prototype for the experience model, not a test).
 
     .venv/bin/python benchmarks/affordances.py --games <held-out games> [<more games> ...] \
-        [--params params.yaml] [--model dreamgym-experience] [--json out.json]
+        [--params params.yaml] [--model dreamgym-experience] [--k 1] [--json out.json]
 
 Most wrong copies differ from the game's next state only in its `actions` line: taking an object
 adds the actions this world allows on it (cut it with the knife carried here, put it on this
@@ -27,7 +27,8 @@ For each set this prints (1) how often the learnt actions of the game's own next
 its object actions (from the other fields and the current state), and (2) the exact next states of
 "no model" (the top-ranked example's change applied, as `dreamgym experience ablate` does) beside
 the same copier that applies the example's change without its `actions` line where the whole
-change does not apply or gives another state, and takes the actions from (1).
+change does not apply or gives another state, and takes the actions from (1); with `--k 5`, also
+the share a perfect chooser among the 5 ranked examples would reach, with and without learnt actions.
 """
 
 from __future__ import annotations
@@ -238,19 +239,29 @@ def measure(rows, examples, queries, kept, affordances) -> dict:
         changes = example_changes(example.prompt)
         top = applied(shown, changes[0]) if changes else None
         copied = names.backward.abstract(top) if top is not None else None
-        relaxed = copied
-        if changes and copied != real_next:
-            loose = applied(dataclasses.replace(shown, actions=()), without_actions(changes[0]))
-            if loose is not None:
-                line = next((x for x in changes[0].split("\n") if x.startswith(ACTIONS_LINE)), ACTIONS_LINE)
-                plain_change = names.backward.text(line[len(ACTIONS_LINE) :])
-                relaxed = with_actions(state, names.backward.abstract(loose), plain_change, affordances)
+        relaxed = [copied]  # what each of the k examples gives, actions learnt where needed
+        for number, change in enumerate(changes):
+            whole = applied(shown, change)
+            whole = names.backward.abstract(whole) if whole is not None else None
+            if number:
+                relaxed.append(whole)
+            if whole != real_next:
+                loose = applied(dataclasses.replace(shown, actions=()), without_actions(change))
+                if loose is not None:
+                    line = next((x for x in change.split("\n") if x.startswith(ACTIONS_LINE)), ACTIONS_LINE)
+                    plain_change = names.backward.text(line[len(ACTIONS_LINE) :])
+                    relaxed[number] = with_actions(state, names.backward.abstract(loose), plain_change, affordances)
         for part in ("all", "foreseeable") if foreseeable(query, real_next) else ("all",):
             found = counts[part]
             found["transitions"] += 1
             found["object actions learnt exactly"] += learnt == object_actions
             found["no model: top example's change"] += copied == real_next
-            found["top example's change, actions learnt"] += relaxed == real_next
+            found["top example's change, actions learnt"] += relaxed[0] == real_next
+            found[f"any of the top {len(changes)}, actions learnt"] += real_next in relaxed or state == real_next
+            found[f"any of the top {len(changes)} as they are, or no change"] += state == real_next or any(
+                applied(shown, change) is not None and names.backward.abstract(applied(shown, change)) == real_next
+                for change in changes
+            )
     return {
         part: {
             "transitions": c["transitions"],
@@ -265,6 +276,7 @@ def main() -> None:
     parser.add_argument("--games", type=Path, nargs="+", required=True)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--model", default="dreamgym-experience")
+    parser.add_argument("--k", type=int, default=1, help="worked examples ranked per transition (a chooser's ceiling)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -281,7 +293,12 @@ def main() -> None:
         rows.sort(key=lambda row: (row["trajectory_id"], row["step"]))
         with open_migrated(setup.run_dir, config.buffer) as database:
             examples = build_examples(
-                database, Encoder(config.buffer.encoder), rows, config.experience, config.buffer.ef_search, kept=kept
+                database,
+                Encoder(config.buffer.encoder),
+                rows,
+                dataclasses.replace(config.experience, neighbours=args.k),
+                config.buffer.ef_search,
+                kept=kept,
             )
         report["sets"][str(games)] = measure(
             rows, examples, queries_of(rows, config.experience.history), kept, affordances
