@@ -117,6 +117,7 @@ class Affordances:
         self.votes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
         self.slot_kinds: dict[tuple[str, int], set] = defaultdict(set)
         self.known_states: set[str] = set()
+        self._templates: set[tuple[str, int]] = set()  # (template, slot count)
 
     def _kind(self, name: str, level: int, portable: set[str], roles: dict) -> object:
         if level == 0:
@@ -158,7 +159,6 @@ class Affordances:
                     yield template, binding
 
     def learn(self, states: list[AbstractState]) -> Affordances:
-        self._templates: set[tuple[str, int]] = set()
         seen = []
         for state in states:
             items, portable, roles = items_of(state), carried_names(state), roles_of(state)
