@@ -272,6 +272,16 @@ class ExperienceConfig:
             part="prompt",
         ),
     ] = True
+    learnt_actions: Annotated[
+        bool,
+        _help(
+            "Show each worked example's change as the change it makes in the query's state: where "
+            "it does not apply as it is, without its actions line and with the actions learnt from "
+            "the state's objects (experience/affordances.py, learnt from the training data and "
+            "saved beside the model).",
+            part="prompt",
+        ),
+    ] = False
     synthetic_neighbours: Annotated[
         bool,
         _help(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.games import game_setting
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
+from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator
 from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
 from dreamgym.experience.fidelity import evaluate
@@ -107,6 +109,7 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     rows = read_transitions(validated).to_pylist()
     encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
     kept = kept_names(rows) if config.experience.placeholders else None
+    affordances = learnt_from_rows(rows, kept) if config.experience.learnt_actions else None
     with open_migrated(run_dir, config.buffer) as database:
         examples = build_examples(
             database,
@@ -117,8 +120,11 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
             annotate=make_annotator(config.experience),  # state-diff, or an OpenAI-compatible endpoint
             progress=True,
             kept=kept,
+            affordances=affordances,
         )
     examples += variation_examples(rows, config.experience.variations_per_task)
+    if affordances is not None:  # before the examples, whose file says the step is done
+        affordances.save(saved_beside(path))
     save_examples(examples, path, kept=kept)
     get_run_logger().info("%d examples built: %s", len(examples), path)
     return str(path)
@@ -132,6 +138,8 @@ def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed:
     examples = [{"prompt": e.prompt, "completion": e.completion} for e in load_examples(examples_path)]
     result = train_sft(examples, config, Path(out_dir), seed=seed, log_to_mlflow=True)
     save_settings(result.model_dir, config, load_kept_names(examples_path))
+    if config.learnt_actions:
+        shutil.copyfile(saved_beside(examples_path), Path(result.model_dir) / AFFORDANCES_FILE)
     get_run_logger().info(
         "trained %d steps in %.0fs (%.0f tokens/s)", result.steps, result.seconds, result.tokens_per_second
     )

@@ -433,6 +433,42 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
     assert tracing > pointing, (tracing, pointing)  # a trace carries further than a change
 
 
+def test_with_learnt_actions_an_example_is_shown_as_the_change_it_makes_and_named_where_that_is_the_answer(
+    filled, encoder, rows
+):
+    from dreamgym.experience.affordances import learnt_from_rows
+    from dreamgym.placeholders import Placeholders, kept_names
+
+    kept = kept_names(rows)
+    config = ExperienceConfig(neighbours=2)  # placeholders on, as by default
+    plain = build_examples(filled, encoder, rows, config, ef_search=100, batch=64, kept=kept)
+    with pytest.raises(ValueError, match="give the affordances"):
+        build_examples(filled, encoder, rows[:1], replace(config, learnt_actions=True), ef_search=100, kept=kept)
+    learnt = build_examples(
+        filled,
+        encoder,
+        rows,
+        replace(config, learnt_actions=True),
+        ef_search=100,
+        batch=64,
+        kept=kept,
+        affordances=learnt_from_rows(rows, kept),
+    )
+    adapted = newly_named = 0
+    for before, after, row in zip(plain, learnt, rows, strict=True):
+        names = Placeholders.of_row(kept, row)
+        state, next_state = (names.forward.abstract(each) for each in states(row))
+        shown, raw = example_changes(after.prompt), example_changes(before.prompt)
+        for change, original in zip(shown, raw, strict=True):
+            if change != original:  # shown as the change it makes here: it applies
+                adapted += 1
+                assert applied(state, change) is not None
+        parsed = parse_completion(after.completion, state, True, shown, example_traces(after.prompt))
+        assert parsed.next_state == next_state
+        newly_named += "<next_state>\nsame as" in after.completion and "<next_state>\nsame as" not in before.completion
+    assert adapted and newly_named, (adapted, newly_named)
+
+
 def test_the_copy_of_the_first_example_is_the_completion_learned_where_that_example_is_the_answer(
     filled, encoder, rows
 ):

@@ -19,6 +19,7 @@ and with `copy_examples` a reasoning that is exactly an example's trace names th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -35,6 +36,7 @@ from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, stored
 from dreamgym.config import ExperienceConfig
 from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
+from dreamgym.experience.affordances import Affordances, adapted_change
 from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.format import (
     Worked,
@@ -279,6 +281,13 @@ def to_worked(transition: dict, traced: bool = False) -> Worked:
     )
 
 
+def adapted_examples(
+    worked: Sequence[Worked], state: AbstractState, names: Placeholders, affordances: Affordances
+) -> list[Worked]:
+    """The worked examples with each change as it makes in `state` (affordances.adapted_change)."""
+    return [dataclasses.replace(w, delta=adapted_change(state, w.delta, names, affordances)) for w in worked]
+
+
 def traces_examples(config: ExperienceConfig) -> bool:
     """Whether worked examples show their reasoning: a model trained on state-diff traces (whose
     traces also state the reward and the end, which decoding holds to: constrain.py)."""
@@ -295,11 +304,13 @@ def build_examples(
     batch: int = 256,
     progress: bool = False,
     kept: frozenset[str] | None = None,
+    affordances: Affordances | None = None,
 ) -> list[Example]:
     """One example per transition row (`dreamgym.data.schema` columns), sorted by trajectory and
     step; retrieval runs once per
     `batch` rows. With `config.placeholders`, objects not in `kept` (default: `kept_names(rows)`)
-    are shown as placeholders (dreamgym/placeholders.py)."""
+    are shown as placeholders (dreamgym/placeholders.py). With `config.learnt_actions`, the worked
+    examples' changes are adapted to each query's state with `affordances` (affordances.py)."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     ordered = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
@@ -307,6 +318,8 @@ def build_examples(
         kept = kept_names(ordered)
     elif not config.placeholders:
         kept = None
+    if config.learnt_actions and affordances is None:
+        raise ValueError("experience.learnt_actions: give the affordances learnt from the training rows")
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):
@@ -325,7 +338,7 @@ def build_examples(
                 domain=named_domain(config.domain),
             )
             for offset, transitions in enumerate(found):
-                examples.append(_example(ordered, start + offset, transitions, config, annotate, kept))
+                examples.append(_example(ordered, start + offset, transitions, config, annotate, kept, affordances))
             bar.update(len(found))
     return examples
 
@@ -337,7 +350,9 @@ def _example(
     config: ExperienceConfig,
     annotate: Annotator,
     kept: frozenset[str] | None = None,
+    affordances: Affordances | None = None,
 ) -> Example:
+    names = Placeholders({})
     if kept is not None:  # the prompt's and each worked example's own placeholders
         names = Placeholders.of_row(kept, rows[index])
         rows = [names.row(row) for row in rows[max(0, index - config.history) : index + 1]]
@@ -352,6 +367,8 @@ def _example(
         else None
     )
     worked = [to_worked(t, traces_examples(config)) for t in found]
+    if config.learnt_actions:
+        worked = adapted_examples(worked, state, names, affordances)
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state, row["action"], worked)
     delta = (
         referenced_delta(state, next_state, [example.delta for example in worked])

@@ -55,8 +55,9 @@ from dreamgym.config import ExperienceConfig, PipelineConfig, config_part
 from dreamgym.domain import named_domain
 from dreamgym.envs.dynamics import Prediction, Query, Step
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances
 from dreamgym.experience.constrain import DeltaConstraint
-from dreamgym.experience.examples import neighbours, to_worked, traces_examples
+from dreamgym.experience.examples import adapted_examples, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FORMAT_VERSION,
     NO_CHANGE,
@@ -184,6 +185,7 @@ def trained_settings(model_dir: str | Path, current: ExperienceConfig) -> Experi
     trained.setdefault("ranking_off", [])  # every ranking key on
     trained.setdefault("domain", "textworld-cooking")  # the only rules there were
     trained.setdefault("copy_examples", False)  # and wrote every change out
+    trained.setdefault("learnt_actions", False)  # and showed every example's change as it is
     trained.setdefault("annotator", "state-diff")  # the only one there was
     trained.setdefault("annotator_url", "")
     trained.setdefault("annotator_model", "")
@@ -203,6 +205,7 @@ class ExperienceModel:
         ef_search: int = 80,
         seed: int = 0,
         kept_names: frozenset[str] | None = None,
+        affordances: Affordances | None = None,
     ):
         if config.neighbours and (database is None or encoder is None):
             raise ValueError(
@@ -214,7 +217,13 @@ class ExperienceModel:
                 "this model shows objects as placeholders (experience.placeholders): "
                 "give the kept names it was trained with (trained_kept_names(model_dir))"
             )
+        if config.learnt_actions and affordances is None:
+            raise ValueError(
+                "this model was trained with experience.learnt_actions: give the affordances saved "
+                "beside it (affordances.Affordances.load)"
+            )
         self.kept_names = kept_names if config.placeholders else None
+        self.affordances = affordances if config.learnt_actions else None
         self.domain = named_domain(config.domain)
         self.model = model.eval() if model is not None else None  # None: a remote model
         self.tokenizer, self.config = tokenizer, config
@@ -251,13 +260,10 @@ class ExperienceModel:
                 names = Placeholders.of(self.kept_names, query.action, [query.state], self.imagined_names(query))
                 query = _renamed(query, names)
                 found = [Placeholders.own(self.kept_names, row) for row in found]
-            prompt = format_prompt(
-                query.instruction,
-                query.history,
-                query.state,
-                query.action,
-                [to_worked(row, traces_examples(self.config)) for row in found],
-            )
+            worked = [to_worked(row, traces_examples(self.config)) for row in found]
+            if self.affordances is not None:
+                worked = adapted_examples(worked, query.state, names, self.affordances)
+            prompt = format_prompt(query.instruction, query.history, query.state, query.action, worked)
             framed.append((prompt, query, names))
         return framed
 
@@ -561,12 +567,13 @@ class NeighbourCopy(ExperienceModel):
         ef_search: int = 80,
         seed: int = 0,
         kept_names: frozenset[str] | None = None,
+        affordances: Affordances | None = None,
     ):
         if not config.neighbours:
             raise ValueError("copying the top neighbour needs retrieval (experience.neighbours > 0)")
         # A copy is the same on every try: retrying it would only cost time.
         config = dataclasses.replace(config, retries=0)
-        super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names)
+        super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names, affordances)
 
     def generate(self, prompts: Sequence[str], *args, **kwargs) -> list[str]:
         # Nothing retrieved to copy: the parser refuses the empty completion.
@@ -618,10 +625,11 @@ class RemoteExperienceModel(ExperienceModel):
         ef_search: int = 80,
         seed: int = 0,
         kept_names: frozenset[str] | None = None,
+        affordances: Affordances | None = None,
     ):
         if not (config.backend_url and config.backend_model):
             raise ValueError("a remote experience model needs experience.backend_url and experience.backend_model")
-        super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names)
+        super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names, affordances)
         self.url = f"{config.backend_url.rstrip('/')}/completions"
         # Whether the server takes a list of prompts: set, or (auto: None) learnt from the first
         # batch and kept for the model's life, so that no later batch pays for a refused request.
@@ -785,14 +793,16 @@ def open_experience_model(
 
     settings = trained_settings(model_dir, config.experience)
     kept = trained_kept_names(model_dir)
+    learnt = Affordances.load(Path(model_dir) / AFFORDANCES_FILE) if settings.learnt_actions else None
     weights = None if settings.backend == "http" or copy_neighbours else load_model(model_dir)
 
     def build(database, encoder) -> ExperienceModel:
+        shared = (settings, database, encoder, config.buffer.ef_search, config.seed, kept, learnt)
         if copy_neighbours:
-            return NeighbourCopy(settings, database, encoder, config.buffer.ef_search, config.seed, kept)
+            return NeighbourCopy(*shared)
         if weights is None:
-            return RemoteExperienceModel(settings, database, encoder, config.buffer.ef_search, config.seed, kept)
-        return ExperienceModel(*weights, settings, database, encoder, config.buffer.ef_search, config.seed, kept)
+            return RemoteExperienceModel(*shared)
+        return ExperienceModel(*weights, *shared)
 
     if not settings.neighbours:
         yield build(None, None)

@@ -1,0 +1,287 @@
+"""Actions learnt from objects: which actions a next state offers, learnt from the buffer's states.
+
+The experience model mostly copies a worked example's change (`same as example 1`). Where that
+copy is wrong, it is most often wrong only in the `actions` line: taking an object adds the
+actions this world allows on it (cut it with the knife carried here, put it on this room's
+furniture), which another game's example lists for its own world. Those actions follow from the
+objects a state shows, the same way in every game, so they are learnt from the data instead:
+
+- an action that names objects of its state is a template with slots (`put {0} on {1}`); each
+  slot is described by its object at decreasing detail (`LEVELS`): its name; its name if every
+  game has it (the placeholders' kept names) else "object"; a piece of furniture's head noun
+  (`door` of `sliding patio door`); the furniture's uses among the previous state's actions (what
+  a new cooker is for); "furniture"; then the same with states training never showed dropped
+  (`grilled`). With each: the object's field, its states (`sliced`, `open`) and where it lies
+  relative to the other slots.
+- over the training states, each binding of objects to a template's slots counts as an available
+  action or not under each of its descriptions; a binding takes the vote of its most detailed
+  description seen at least `MIN_VOTES` times.
+- an action on objects the step leaves as they were is kept from the previous state; actions on
+  no object (`go west`, `prepare meal`) are the previous state's, changed as the example's change
+  changes them.
+
+Nothing here names a verb or an object: templates and states come from the data (a portable
+object is one a state shows carried or takeable: `placeholders.carried_names`).
+
+With `experience.learnt_actions`, a worked example's change is shown to the model as the change
+it makes here (`adapted_change`): without its `actions` line and with the actions learnt for the
+state it gives. A reference to it then means that, in training and in prediction alike. Measured
+with `benchmarks/affordances.py` (figures in benchmarks/results/README.md, 2026-11-28).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from dreamgym.experience.format import NO_CHANGE, applied, state_delta
+from dreamgym.placeholders import Placeholders, carried_names
+from dreamgym.state import AbstractState, item_name, parse_state
+
+MIN_VOTES = 2
+ACTIONS_LINE = "actions: "
+AFFORDANCES_FILE = "affordances.json"
+# Per level of description: how much of an object's name it keeps (0: the name ... 4: "furniture")
+# and whether states the training data never showed are dropped.
+LEVELS = ((0, False), (1, False), (2, False), (3, False), (4, False), (3, True), (4, True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    name: str
+    field: str  # inventory or visible
+    states: tuple[str, ...]  # sliced, open, ...
+    place: tuple[str, str] | None  # ("on", "counter")
+
+
+def items_of(state: AbstractState) -> dict[str, Item]:
+    """The objects a state shows, by name."""
+    items = {}
+    for field in ("inventory", "visible"):
+        for text in getattr(state, field):
+            name = item_name(text)
+            descriptors = text[len(name) + 2 : -1].split(", ") if text != name else []
+            states = tuple(sorted(d for d in descriptors if not d.startswith(("on ", "in "))))
+            place = next(((d[:2], d[3:]) for d in descriptors if d.startswith(("on ", "in "))), None)
+            items[name] = Item(name, field, states, place)
+    return items
+
+
+def template_of(action: str, names: Iterable[str]) -> tuple[str, tuple[str, ...]]:
+    """(`put {0} on {1}`, ("carrot", "table")): the objects `action` names (whole names, the
+    longest first, not overlapping) replaced by numbered slots; no slots for an action on none."""
+    found: list[tuple[int, int, str]] = []
+    for name in sorted(names, key=len, reverse=True):
+        for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", action):
+            if all(match.end() <= start or match.start() >= end for start, end, _ in found):
+                found.append((match.start(), match.end(), name))
+    parts, last, slots = [], 0, []
+    for start, end, name in sorted(found):
+        parts += [_escaped(action[last:start]), f"{{{len(slots)}}}"]
+        slots.append(name)
+        last = end
+    parts.append(_escaped(action[last:]))
+    return "".join(parts), tuple(slots)
+
+
+def _escaped(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def roles_of(state: AbstractState) -> dict[str, tuple]:
+    """Each object's uses, (template, slot), among the state's actions."""
+    items = items_of(state)
+    roles: dict[str, set] = defaultdict(set)
+    for action in state.actions:
+        template, slots = template_of(action, items)
+        for slot, name in enumerate(slots):
+            roles[name].add((template, slot))
+    return {name: tuple(sorted(found)) for name, found in roles.items()}
+
+
+class Affordances:
+    """Which object actions a state offers, voted by described bindings of the training states."""
+
+    def __init__(
+        self,
+        kept: frozenset[str] | None,
+        votes: dict[tuple, list[int]] | None = None,
+        slot_kinds: dict[tuple[str, int], set] | None = None,
+        known_states: set[str] | None = None,
+    ):
+        self.kept = kept or frozenset()
+        self.votes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0], votes or {})
+        self.slot_kinds: dict[tuple[str, int], set] = defaultdict(set, slot_kinds or {})
+        self.known_states = set(known_states or ())
+
+    @classmethod
+    def learn(cls, states: Iterable[AbstractState], kept: frozenset[str] | None) -> Affordances:
+        learnt = cls(kept)
+        seen = []
+        for state in dict.fromkeys(states):
+            items, portable, roles = items_of(state), carried_names(state), roles_of(state)
+            present = set()
+            for action in state.actions:
+                template, slots = template_of(action, items)
+                if slots:
+                    for slot, name in enumerate(slots):
+                        learnt.slot_kinds[(template, slot)].add(learnt._kind(name, 4, portable, roles))
+                    present.add((template, slots))
+            learnt.known_states.update(s for item in items.values() for s in item.states)
+            seen.append((items, portable, roles, present))
+        for items, portable, roles, present in seen:
+            for template, binding in learnt._bindings(items, portable, roles):
+                for description in learnt._descriptions(template, binding, items, portable, roles):
+                    learnt.votes[description][0 if (template, binding) in present else 1] += 1
+        return learnt
+
+    def predict(self, state: AbstractState, previous: AbstractState) -> set[str]:
+        """The object actions of `state` (its own actions ignored), one step after `previous`."""
+        items, before = items_of(state), items_of(previous)
+        # Portable: carried or takeable in the previous state, carried now, or new and lying on or
+        # in something (a new piece of furniture lies nowhere).
+        portable = carried_names(previous) | {
+            name
+            for name, item in items.items()
+            if item.field == "inventory" or (name not in before and name not in self.kept and item.place)
+        }
+        roles = roles_of(previous)
+        moved = state.location != previous.location
+        unchanged = {name for name, item in items.items() if not moved and before.get(name) == item}
+        offered = set() if moved else set(previous.actions)
+        out = set()
+        for template, binding in self._bindings(items, portable, roles):
+            action = template.format(*binding)
+            if all(name in unchanged for name in binding):
+                if action in offered:
+                    out.add(action)
+                continue
+            for description in self._descriptions(template, binding, items, portable, roles):
+                present, absent = self.votes.get(description, (0, 0))
+                if present + absent >= MIN_VOTES:
+                    if present > absent:
+                        out.add(action)
+                    break
+        return out
+
+    def _kind(self, name: str, detail: int, portable: set[str], roles: dict) -> object:
+        if detail == 0:
+            return name
+        if name in portable or detail == 1:
+            return name if name in self.kept else "object"
+        if detail == 2:
+            return "furniture:" + name.split()[-1]
+        if detail == 3:
+            return ("furniture", roles.get(name, ()))
+        return "furniture"
+
+    def _descriptions(self, template: str, binding: tuple[str, ...], items, portable, roles) -> list[tuple]:
+        out = []
+        for level, (detail, known_only) in enumerate(LEVELS):
+            slots = []
+            for name in binding:
+                item = items[name]
+                states = tuple(s for s in item.states if s in self.known_states) if known_only else item.states
+                where = None
+                if item.place:
+                    other = item.place[1]
+                    where = (
+                        item.place[0],
+                        binding.index(other) if other in binding else self._kind(other, detail, portable, roles),
+                    )
+                slots.append((self._kind(name, detail, portable, roles), item.field, states, where))
+            out.append((level, template, *slots))
+        return out
+
+    def _bindings(self, items, portable, roles):
+        """(template, objects) for every template and every objects of the kinds seen in its slots."""
+        by_template: dict[str, int] = defaultdict(int)
+        for template, slot in self.slot_kinds:
+            by_template[template] = max(by_template[template], slot + 1)
+        for template, slot_count in sorted(by_template.items()):
+            pools = [
+                [name for name in items if self._kind(name, 4, portable, roles) in self.slot_kinds[(template, slot)]]
+                for slot in range(slot_count)
+            ]
+            for binding in itertools.product(*pools):
+                if len(set(binding)) == slot_count:
+                    yield template, binding
+
+    def save(self, path: str | Path) -> None:
+        data = {
+            "kept": sorted(self.kept),
+            "votes": [[description, counts] for description, counts in self.votes.items()],
+            "slot_kinds": [
+                [template, slot, sorted(kinds, key=str)] for (template, slot), kinds in self.slot_kinds.items()
+            ],
+            "known_states": sorted(self.known_states),
+        }
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Affordances:
+        data = json.loads(Path(path).read_text())
+        return cls(
+            frozenset(data["kept"]),
+            {_tupled(description): counts for description, counts in data["votes"]},
+            {(template, slot): {_tupled(kind) for kind in kinds} for template, slot, kinds in data["slot_kinds"]},
+            set(data["known_states"]),
+        )
+
+
+def learnt_from_rows(rows: Iterable[dict], kept: frozenset[str] | None) -> Affordances:
+    """Affordances learnt from the states of transition rows (`dreamgym.data.schema`)."""
+    return Affordances.learn((parse_state(row[column]) for row in rows for column in ("state", "next_state")), kept)
+
+
+def saved_beside(examples_path: str | Path) -> Path:
+    """Where the affordances the examples in `examples_path` were built with are saved."""
+    return Path(examples_path).with_suffix(".affordances.json")
+
+
+def _tupled(value):
+    """JSON's lists back to the tuples the votes are keyed with."""
+    return tuple(_tupled(each) for each in value) if isinstance(value, list) else value
+
+
+def with_learnt_actions(
+    previous: AbstractState, state: AbstractState, plain_change: str, affordances: Affordances
+) -> AbstractState:
+    """`state` with the object actions learnt for it, and the previous state's actions on no object
+    (none after a move) changed as `plain_change` (the entries of an `actions:` line) changes them."""
+    items = items_of(state)
+    same_place = state.location == previous.location
+    plain = {action for action in (previous.actions if same_place else ()) if not template_of(action, items)[1]}
+    for entry in plain_change.split("; ") if plain_change else []:
+        if len(entry) > 1 and not template_of(entry[1:], items)[1]:
+            (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
+    return dataclasses.replace(state, actions=tuple(sorted(plain | affordances.predict(state, previous))))
+
+
+def adapted_change(shown: AbstractState, change: str, names: Placeholders, affordances: Affordances) -> str:
+    """The change a worked example makes in the query's state `shown` (the prompt's names): where it
+    applies without its `actions` line, that with the learnt actions; else `change` as it is (one
+    that does not fit, which no reference may name). The actions are learnt even where the whole
+    change applies: additions apply anywhere, so an example's actions from another world fit and
+    mislead (a copier of the top example, on spent sets: 72.5% exact as the changes are, 72.9%
+    learning only where they do not apply, 73.4% always; on a shifted set 32.4%, 35.7%, 41.2%)."""
+    lines = change.split("\n")
+    loose = applied(
+        dataclasses.replace(shown, actions=()),
+        "\n".join(line for line in lines if not line.startswith(ACTIONS_LINE)) or NO_CHANGE,
+    )
+    if loose is None:
+        return change
+    plain_change = next((line[len(ACTIONS_LINE) :] for line in lines if line.startswith(ACTIONS_LINE)), "")
+    real = with_learnt_actions(
+        names.backward.abstract(shown),
+        names.backward.abstract(loose),
+        names.backward.text(plain_change),
+        affordances,
+    )
+    return state_delta(shown, names.forward.abstract(real))

@@ -1,0 +1,118 @@
+"""Actions learnt from objects (experience/affordances.py): what a state offers, learnt from states,
+carried to objects and furniture the data never showed."""
+
+from __future__ import annotations
+
+from dreamgym.experience.affordances import Affordances, adapted_change, template_of, with_learnt_actions
+from dreamgym.experience.format import applied, state_delta
+from dreamgym.placeholders import Placeholders
+from dreamgym.state import AbstractState
+
+KEPT = frozenset({"knife", "table", "counter", "fridge"})
+
+
+def kitchen(food: str, carried: bool, cut: bool = False, knife: bool = False, on: str = "table") -> AbstractState:
+    """A small world with the rules the tests teach: a carried food can be put on each supporter,
+    eaten and (with the knife carried, if not cut yet) sliced; a food lying `on` one can be taken."""
+    supporters = ["table", "counter"]
+    item = f"{food} (sliced)" if cut else food
+    visible = list(supporters) + (["knife (on counter)"] if not knife else [])
+    inventory = ["knife"] if knife else []
+    actions = ["go west", "look"]
+    if carried:
+        inventory.append(item)
+        actions += [f"eat {food}", *(f"put {food} on {s}" for s in supporters)]
+        if knife and not cut:
+            actions.append(f"slice {food} with knife")
+    else:
+        visible.append(f"{item} (on {on})")
+        actions.append(f"take {food} from {on}")
+    if knife:
+        actions += [f"put knife on {s}" for s in supporters]
+    else:
+        actions.append("take knife from counter")
+    return AbstractState("kitchen", tuple(visible), tuple(inventory), tuple(actions))
+
+
+TRAINING = [
+    kitchen(food, carried, cut, knife)
+    for food in ("apple", "carrot", "potato")
+    for carried in (False, True)
+    for cut in (False, True)
+    for knife in (False, True)
+]
+
+
+def object_actions(state: AbstractState) -> set[str]:
+    names = [item.split(" (")[0] for item in state.visible + state.inventory]
+    return {action for action in state.actions if template_of(action, names)[1]}
+
+
+def test_templates_name_the_objects_of_an_action_longest_first():
+    assert template_of("slice red apple with knife", ["apple", "red apple", "knife"]) == (
+        "slice {0} with {1}",
+        ("red apple", "knife"),
+    )
+    assert template_of("go west", ["apple"]) == ("go west", ())
+
+
+def test_actions_are_learnt_for_a_food_the_data_never_showed():
+    learnt = Affordances.learn(TRAINING, KEPT)
+    for cut in (False, True):
+        before = kitchen("pear", carried=False, cut=cut, knife=True)
+        after = kitchen("pear", carried=True, cut=cut, knife=True)
+        blank = AbstractState(after.location, after.visible, after.inventory, ())
+        assert learnt.predict(blank, before) == object_actions(after), cut  # sliced once, never twice
+
+
+def test_actions_on_objects_a_step_leaves_alone_are_kept_and_a_saved_model_predicts_the_same(tmp_path):
+    learnt = Affordances.learn(TRAINING, KEPT)
+    # A supporter the data never showed: the previous state shows what it is for.
+    before = kitchen("pear", carried=True)
+    before = AbstractState(
+        before.location,
+        (*before.visible, "shelf"),
+        before.inventory,
+        (*before.actions, "put pear on shelf", "examine shelf"),
+    )
+    taken = AbstractState(
+        "kitchen", tuple(v for v in before.visible if not v.startswith("knife")), ("knife", "pear"), ()
+    )
+    predicted = learnt.predict(taken, before)
+    assert {"slice pear with knife", "put knife on shelf", "put pear on shelf"} <= predicted
+    assert "examine shelf" not in predicted  # no training state offered that template
+    learnt.save(tmp_path / "affordances.json")
+    assert Affordances.load(tmp_path / "affordances.json").predict(taken, before) == predicted
+
+
+def test_an_examples_change_is_shown_as_the_change_it_makes_here():
+    learnt = Affordances.learn(TRAINING, KEPT)
+    # An example from a world where the food lay on the counter and the knife was carried: its
+    # actions line removes `take obj1 from counter`, which this state does not offer, and adds
+    # the slicing this world does not allow.
+    there_before, there_after = kitchen("apple", False, knife=True, on="counter"), kitchen("apple", True, knife=True)
+    here_before, here_after = kitchen("pear", False), kitchen("pear", True)
+    names = Placeholders({"pear": "obj1"})
+    example = Placeholders({"apple": "obj1"}).forward
+    change = state_delta(example.abstract(there_before), example.abstract(there_after))
+    shown = names.forward.abstract(here_before)
+    assert applied(shown, change) is None
+    adapted = adapted_change(shown, change, names, learnt)
+    assert names.backward.abstract(applied(shown, adapted)) == here_after
+    # A change that applies but brings its own world's actions (the slicing) is shown as the
+    # change it makes here too; one that cannot apply even without its actions is left as it is.
+    sliced_there = state_delta(example.abstract(kitchen("apple", False, knife=True)), example.abstract(there_after))
+    assert applied(shown, sliced_there) is not None
+    assert names.backward.abstract(applied(shown, adapted_change(shown, sliced_there, names, learnt))) == here_after
+    assert adapted_change(shown, "inventory: -obj9", names, learnt) == "inventory: -obj9"
+
+
+def test_actions_on_no_object_follow_the_change_and_a_move_keeps_none():
+    learnt = Affordances.learn(TRAINING, KEPT)
+    before, after = kitchen("pear", False), kitchen("pear", True)
+    blank = AbstractState(after.location, after.visible, after.inventory, ())
+    assert set(with_learnt_actions(before, blank, "-look; +inventory", learnt).actions) == (
+        object_actions(after) | {"go west", "inventory"}
+    )
+    moved = AbstractState("corridor", (), after.inventory, ())
+    assert "go west" not in with_learnt_actions(before, moved, "", learnt).actions
