@@ -275,10 +275,9 @@ class ExperienceConfig:
     learnt_actions: Annotated[
         bool,
         _help(
-            "Show each worked example's change as the change it makes in the query's state: where "
-            "it does not apply as it is, without its actions line and with the actions learnt from "
-            "the state's objects (experience/affordances.py, learnt from the training data and "
-            "saved beside the model).",
+            "Show each worked example's change as the change it makes in the query's state: "
+            "without its actions line, with the actions learnt from the state's objects "
+            "(experience/affordances.py; learnt from the training data, saved beside the model).",
             part="prompt",
         ),
     ] = False
