@@ -221,7 +221,11 @@ class Affordances:
             ],
             "known_states": sorted(self.known_states),
         }
-        Path(path).write_text(json.dumps(data))
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")  # whole or not at all
+        partial.write_text(json.dumps(data))
+        partial.replace(path)
 
     @classmethod
     def load(cls, path: str | Path) -> Affordances:
