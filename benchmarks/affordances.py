@@ -37,7 +37,6 @@ from dreamgym.buffer.migrations import open_migrated
 from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
 from dreamgym.experience.affordances import (
-    Affordances,
     adapted_change,
     items_of,
     learnt_from_rows,
@@ -45,25 +44,10 @@ from dreamgym.experience.affordances import (
 )
 from dreamgym.experience.examples import build_examples, queries_of
 from dreamgym.experience.fidelity import foreseeable
-from dreamgym.experience.format import NO_CHANGE, applied, example_changes
+from dreamgym.experience.format import applied, example_changes
 from dreamgym.experience.generate import trained_kept_names
 from dreamgym.placeholders import Placeholders
 from dreamgym.state import parse_state
-
-ACTIONS_LINE = "actions: "
-
-
-def learnt_where_unfit(shown, change: str, names: Placeholders, affordances: Affordances):
-    """The example's change as it is where it applies, else as `adapted_change` shows it (the rule
-    it does not follow: measured against it)."""
-    whole = applied(shown, change)
-    if whole is not None:
-        return names.backward.abstract(whole)
-    return named_back(names, applied(shown, adapted_change(shown, change, names, affordances)))
-
-
-def without_actions(change: str) -> str:
-    return "\n".join(line for line in change.split("\n") if not line.startswith(ACTIONS_LINE)) or NO_CHANGE
 
 
 def named_back(names: Placeholders, predicted):
@@ -90,7 +74,8 @@ def measure(rows, examples, queries, kept, affordances) -> dict:
         adapted = [
             named_back(names, applied(shown, adapted_change(shown, change, names, affordances))) for change in changes
         ]
-        unfit = [learnt_where_unfit(shown, change, names, affordances) for change in changes]
+        # As they are where they apply (the rule `adapted_change` does not follow: measured against it).
+        unfit = [copy if copy is not None else other for copy, other in zip(copies, adapted)]
         # What each example gives where its whole change is not the answer: the learnt actions.
         best = [copy if copy == real_next else other for copy, other in zip(copies, adapted)]
         for part in ("all", "foreseeable") if foreseeable(query, real_next) else ("all",):

@@ -93,9 +93,8 @@ def _escaped(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def roles_of(state: AbstractState) -> dict[str, tuple]:
-    """Each object's uses, (template, slot), among the state's actions."""
-    items = items_of(state)
+def roles_of(state: AbstractState, items: dict[str, Item]) -> dict[str, tuple]:
+    """Each object's uses, (template, slot), among the state's actions (`items`: its objects)."""
     roles: dict[str, set] = defaultdict(set)
     for action in state.actions:
         template, slots = template_of(action, items)
@@ -124,7 +123,8 @@ class Affordances:
         learnt = cls(kept)
         seen = []
         for state in dict.fromkeys(states):
-            items, portable, roles = items_of(state), carried_names(state), roles_of(state)
+            items = items_of(state)
+            portable, roles = carried_names(state), roles_of(state, items)
             present = set()
             for action in state.actions:
                 template, slots = template_of(action, items)
@@ -150,7 +150,7 @@ class Affordances:
             for name, item in items.items()
             if item.field == "inventory" or (name not in before and name not in self.kept and item.place)
         }
-        roles = roles_of(previous)
+        roles = roles_of(previous, before)
         moved = state.location != previous.location
         unchanged = {name for name, item in items.items() if not moved and before.get(name) == item}
         offered = set() if moved else set(previous.actions)
