@@ -107,12 +107,24 @@ def test_an_examples_change_is_shown_as_the_change_it_makes_here():
     assert adapted_change(shown, "inventory: -obj9", names, learnt) == "inventory: -obj9"
 
 
-def test_actions_on_no_object_follow_the_change_and_a_move_keeps_none():
+def test_actions_on_no_object_follow_the_change_and_a_move_takes_the_exits_it_lists():
     learnt = Affordances.learn(TRAINING, KEPT)
     before, after = kitchen("pear", False), kitchen("pear", True)
     blank = AbstractState(after.location, after.visible, after.inventory, ())
-    assert set(with_learnt_actions(before, blank, "-look; +inventory", learnt).actions) == (
+    assert set(with_learnt_actions(before, blank, "actions: -look; +inventory", learnt).actions) == (
         object_actions(after) | {"go west", "inventory"}
     )
-    moved = AbstractState("corridor", (), after.inventory, ())
-    assert "go west" not in with_learnt_actions(before, moved, "", learnt).actions
+    # A move's change replaces the list: its actions on no object are the new room's exits, and
+    # its object actions (of the example's room) give way to the learnt ones.
+    moved = AbstractState("corridor", ("bench",), after.inventory, ())
+    line = "actions = eat pear; go north; go south; put pear on bench"
+    offered = with_learnt_actions(before, moved, line, learnt).actions
+    assert {action for action in offered if not template_of(action, ["pear", "bench"])[1]} == {"go north", "go south"}
+    assert "eat pear" in offered
+    assert "go west" in with_learnt_actions(before, moved, "", learnt).actions  # no actions line: unchanged
+    # Adapted, a move keeps the exits its example's change lists.
+    names = Placeholders({"pear": "obj1"})
+    shown = names.forward.abstract(before)
+    change = "location: corridor\nvisible =\nactions = go east; go north"
+    adapted = names.backward.abstract(applied(shown, adapted_change(shown, change, names, learnt)))
+    assert {"go east", "go north"} <= set(adapted.actions) and "go west" not in adapted.actions

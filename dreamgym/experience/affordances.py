@@ -18,7 +18,7 @@ objects a state shows, the same way in every game, so they are learnt from the d
   description seen at least `MIN_VOTES` times.
 - an action on objects the step leaves as they were is kept from the previous state; actions on
   no object (`go west`, `prepare meal`) are the previous state's, changed as the example's change
-  changes them.
+  changes them (on a move, its new list's: the exits of the room it enters).
 
 Nothing here names a verb or an object: templates and states come from the data (a portable
 object is one a state shows carried or takeable: `placeholders.carried_names`).
@@ -41,10 +41,11 @@ from pathlib import Path
 
 from dreamgym.experience.format import NO_CHANGE, applied, state_delta
 from dreamgym.placeholders import Placeholders, carried_names
-from dreamgym.state import AbstractState, item_name, parse_state
+from dreamgym.state import ITEM_SEPARATOR, AbstractState, item_name, parse_state
 
 MIN_VOTES = 2
-ACTIONS_LINE = "actions: "
+ACTIONS_LINE = "actions: "  # a delta's actions line: entries added and removed
+ACTIONS_REPLACED = "actions ="  # ... or the whole new list
 AFFORDANCES_FILE = "affordances.json"
 # Per level of description: how much of an object's name it keeps (0: the name ... 4: "furniture")
 # and whether states the training data never showed are dropped.
@@ -254,16 +255,25 @@ def _tupled(value):
 
 
 def with_learnt_actions(
-    previous: AbstractState, state: AbstractState, plain_change: str, affordances: Affordances
+    previous: AbstractState, state: AbstractState, actions_line: str, affordances: Affordances
 ) -> AbstractState:
     """`state` with the object actions learnt for it, and the previous state's actions on no object
-    (none after a move) changed as `plain_change` (the entries of an `actions:` line) changes them."""
+    changed as `actions_line` (a delta's `actions` line, or "" where it has none) changes them: its
+    entries added and removed, or, where it replaces the list (`actions = ...`, written on a move),
+    that list's actions on no object (the exits of the new room)."""
     items = items_of(state)
-    same_place = state.location == previous.location
-    plain = {action for action in (previous.actions if same_place else ()) if not template_of(action, items)[1]}
-    for entry in plain_change.split("; ") if plain_change else []:
-        if len(entry) > 1 and not template_of(entry[1:], items)[1]:
-            (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
+
+    def on_no_object(actions: Iterable[str]) -> set[str]:
+        return {action for action in actions if not template_of(action, items)[1]}
+
+    plain = on_no_object(previous.actions)
+    if actions_line.startswith(ACTIONS_REPLACED):
+        listed = actions_line[len(ACTIONS_REPLACED) :].strip()
+        plain = on_no_object(listed.split(ITEM_SEPARATOR) if listed else ())
+    elif actions_line.startswith(ACTIONS_LINE):
+        for entry in actions_line[len(ACTIONS_LINE) :].split(ITEM_SEPARATOR):
+            if len(entry) > 1 and not template_of(entry[1:], items)[1]:
+                (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
     return dataclasses.replace(state, actions=tuple(sorted(plain | affordances.predict(state, previous))))
 
 
@@ -275,17 +285,17 @@ def adapted_change(shown: AbstractState, change: str, names: Placeholders, affor
     mislead (a copier of the top example, on spent sets: 72.5% exact as the changes are, 72.9%
     learning only where they do not apply, 73.4% always; on a shifted set 32.4%, 35.7%, 41.2%)."""
     lines = change.split("\n")
+    actions_line = next((line for line in lines if line.startswith((ACTIONS_LINE, ACTIONS_REPLACED))), "")
     loose = applied(
         dataclasses.replace(shown, actions=()),
-        "\n".join(line for line in lines if not line.startswith(ACTIONS_LINE)) or NO_CHANGE,
+        "\n".join(line for line in lines if line != actions_line) or NO_CHANGE,
     )
     if loose is None:
         return change
-    plain_change = next((line[len(ACTIONS_LINE) :] for line in lines if line.startswith(ACTIONS_LINE)), "")
     real = with_learnt_actions(
         names.backward.abstract(shown),
         names.backward.abstract(loose),
-        names.backward.text(plain_change),
+        names.backward.text(actions_line),
         affordances,
     )
     return state_delta(shown, names.forward.abstract(real))
