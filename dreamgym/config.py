@@ -280,7 +280,7 @@ class ExperienceConfig:
             "(experience/affordances.py; learnt from the training data, saved beside the model).",
             part="prompt",
         ),
-    ] = False
+    ] = True
     synthetic_neighbours: Annotated[
         bool,
         _help(
@@ -445,6 +445,11 @@ class ExperienceConfig:
     multi_step: Annotated[
         int, _help("Open-loop steps replayed through the model per episode.", ge=0, part="evaluation")
     ] = 10
+
+    @property
+    def adapts_examples(self) -> bool:
+        """Whether worked examples are shown with learnt actions: `learnt_actions`, and examples to show."""
+        return self.learnt_actions and self.neighbours > 0
 
     def __post_init__(self) -> None:
         if self.annotator == "openai" and not (self.annotator_url and self.annotator_model):

@@ -109,7 +109,7 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     rows = read_transitions(validated).to_pylist()
     encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
     kept = kept_names(rows) if config.experience.placeholders else None
-    affordances = learnt_from_rows(rows, kept) if config.experience.learnt_actions else None
+    affordances = learnt_from_rows(rows, kept) if config.experience.adapts_examples else None
     with open_migrated(run_dir, config.buffer) as database:
         examples = build_examples(
             database,
@@ -138,7 +138,7 @@ def train_task(examples_path: str, out_dir: str, config: ExperienceConfig, seed:
     examples = [{"prompt": e.prompt, "completion": e.completion} for e in load_examples(examples_path)]
     result = train_sft(examples, config, Path(out_dir), seed=seed, log_to_mlflow=True)
     save_settings(result.model_dir, config, load_kept_names(examples_path))
-    if config.learnt_actions:
+    if config.adapts_examples:
         shutil.copyfile(saved_beside(examples_path), Path(result.model_dir) / AFFORDANCES_FILE)
     get_run_logger().info(
         "trained %d steps in %.0fs (%.0f tokens/s)", result.steps, result.seconds, result.tokens_per_second

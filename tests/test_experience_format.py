@@ -436,24 +436,15 @@ def test_completions_name_a_worked_example_exactly_when_it_shows_the_answer(fill
 def test_with_learnt_actions_an_example_is_shown_as_the_change_it_makes_and_named_where_that_is_the_answer(
     filled, encoder, rows
 ):
-    from dreamgym.experience.affordances import learnt_from_rows
     from dreamgym.placeholders import Placeholders, kept_names
 
     kept = kept_names(rows)
-    config = ExperienceConfig(neighbours=2)  # placeholders on, as by default
-    plain = build_examples(filled, encoder, rows, config, ef_search=100, batch=64, kept=kept)
-    with pytest.raises(ValueError, match="give the affordances"):
-        build_examples(filled, encoder, rows[:1], replace(config, learnt_actions=True), ef_search=100, kept=kept)
-    learnt = build_examples(
-        filled,
-        encoder,
-        rows,
-        replace(config, learnt_actions=True),
-        ef_search=100,
-        batch=64,
-        kept=kept,
-        affordances=learnt_from_rows(rows, kept),
+    config = ExperienceConfig(neighbours=2)  # placeholders and learnt actions on, as by default
+    plain = build_examples(
+        filled, encoder, rows, replace(config, learnt_actions=False), ef_search=100, batch=64, kept=kept
     )
+    # The actions are learnt from the rows the examples are built of.
+    learnt = build_examples(filled, encoder, rows, config, ef_search=100, batch=64, kept=kept)
     adapted = newly_named = 0
     for before, after, row in zip(plain, learnt, rows, strict=True):
         names = Placeholders.of_row(kept, row)

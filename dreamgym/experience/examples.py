@@ -36,7 +36,7 @@ from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, stored
 from dreamgym.config import ExperienceConfig
 from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
-from dreamgym.experience.affordances import Affordances, adapted_change
+from dreamgym.experience.affordances import Affordances, adapted_change, learnt_from_rows
 from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.format import (
     Worked,
@@ -310,7 +310,8 @@ def build_examples(
     step; retrieval runs once per
     `batch` rows. With `config.placeholders`, objects not in `kept` (default: `kept_names(rows)`)
     are shown as placeholders (dreamgym/placeholders.py). With `config.learnt_actions`, the worked
-    examples' changes are adapted to each query's state with `affordances` (affordances.py)."""
+    examples' changes are adapted to each query's state with `affordances` (affordances.py;
+    default: learnt from `rows`)."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     ordered = sorted(rows, key=lambda row: (row["trajectory_id"], row["step"]))
@@ -318,8 +319,8 @@ def build_examples(
         kept = kept_names(ordered)
     elif not config.placeholders:
         kept = None
-    if config.learnt_actions and affordances is None:
-        raise ValueError("experience.learnt_actions: give the affordances learnt from the training rows")
+    if config.adapts_examples and affordances is None:  # learnt from the rows the examples are built of
+        affordances = learnt_from_rows(ordered, kept)
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):
@@ -367,7 +368,7 @@ def _example(
         else None
     )
     worked = [to_worked(t, traces_examples(config)) for t in found]
-    if config.learnt_actions:
+    if config.adapts_examples:
         worked = adapted_examples(worked, state, names, affordances)
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state, row["action"], worked)
     delta = (

@@ -217,13 +217,13 @@ class ExperienceModel:
                 "this model shows objects as placeholders (experience.placeholders): "
                 "give the kept names it was trained with (trained_kept_names(model_dir))"
             )
-        if config.learnt_actions and affordances is None:
+        if config.adapts_examples and affordances is None:
             raise ValueError(
                 "this model was trained with experience.learnt_actions: give the affordances saved "
                 "beside it (affordances.Affordances.load)"
             )
         self.kept_names = kept_names if config.placeholders else None
-        self.affordances = affordances if config.learnt_actions else None
+        self.affordances = affordances if config.adapts_examples else None
         self.domain = named_domain(config.domain)
         self.model = model.eval() if model is not None else None  # None: a remote model
         self.tokenizer, self.config = tokenizer, config
@@ -793,7 +793,7 @@ def open_experience_model(
 
     settings = trained_settings(model_dir, config.experience)
     kept = trained_kept_names(model_dir)
-    learnt = Affordances.load(Path(model_dir) / AFFORDANCES_FILE) if settings.learnt_actions else None
+    learnt = Affordances.load(Path(model_dir) / AFFORDANCES_FILE) if settings.adapts_examples else None
     weights = None if settings.backend == "http" or copy_neighbours else load_model(model_dir)
 
     def build(database, encoder) -> ExperienceModel:
