@@ -159,11 +159,9 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     from flows.ingest import ingest
     from flows.train_experience import MODEL_NAME, train_experience
 
-    # experience.learnt_actions on (off by default; the pipeline tests run the default), so that its
-    # whole path runs: learnt in build-examples, saved beside the model, registered with it, loaded
-    # for fidelity and for the policy flow's DreamEnv.
-    learnt = {"experience.learnt_actions": True}
-    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **learnt})
+    # experience.learnt_actions is on (the default): its whole path runs, learnt in build-examples,
+    # saved beside the model, registered with it, loaded for fidelity and for the policy flow's DreamEnv.
+    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE})
     ingested = ingest(config, str(project))
     first = train_experience(config, ingested, str(project))
 
@@ -206,7 +204,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     from flows.train_policy import MODEL_NAME as POLICY
     from flows.train_policy import train_policy
 
-    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW, **learnt})
+    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW})
     policy = train_policy(config, ingested, second, str(project))
     assert policy.model == f"models:/{POLICY}/1"
     assert [e["name"] for e in policy.evaluations] == ["untrained", "bc", "dreamgym"]
