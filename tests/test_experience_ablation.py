@@ -9,6 +9,7 @@ from dreamgym.config import load_config
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.dynamics import Query
 from dreamgym.experience.ablation import ablation_rows, markdown, plot, variant_configs
+from dreamgym.experience.affordances import learnt_from_rows
 from dreamgym.experience.format import apply_delta, example_changes, example_outcomes, fits
 from dreamgym.experience.generate import NeighbourCopy
 from dreamgym.state import parse_state
@@ -53,8 +54,11 @@ def test_table_and_plot(tmp_path):
 def test_no_model_copies_the_top_neighbours_change_and_fails_where_it_does_not_fit(
     buffer_db, encoder, offline_dataset, first_episode
 ):
-    upsert_transitions(buffer_db, to_table(read_transitions(offline_dataset).to_pylist()), embed=encoder.encode)
-    copier = NeighbourCopy(dataclasses.replace(TINY, neighbours=1, retrieval_pool=50), buffer_db, encoder, 100)
+    rows = read_transitions(offline_dataset).to_pylist()
+    upsert_transitions(buffer_db, to_table(rows), embed=encoder.encode)
+    config = dataclasses.replace(TINY, neighbours=1, retrieval_pool=50)
+    # Its examples' changes are shown with the actions learnt from the buffer's rows (the default).
+    copier = NeighbourCopy(config, buffer_db, encoder, 100, affordances=learnt_from_rows(rows, None))
     # The query's own episode is never retrieved: its neighbours come from the other episodes.
     queries = [
         Query(row["instruction"], parse_state(row["state"]), row["action"], (), row["trajectory_id"])

@@ -171,6 +171,7 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     from dreamgym.buffer.store import upsert_transitions
     from dreamgym.data.schema import to_table
     from dreamgym.envs.dream_env import DreamEnv
+    from dreamgym.experience.affordances import learnt_from_rows
     from dreamgym.experience.examples import build_examples
     from dreamgym.experience.generate import ExperienceModel
     from dreamgym.experience.variations import seed_tasks
@@ -202,7 +203,17 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     examples = build_examples(buffer_db, encoder, rows, config, ef_search=40, kept=kept)
     trained = train_experience(examples, config, tmp_path / "experience")
     model, tokenizer = load_model(trained.model_dir)
-    experience = ExperienceModel(model, tokenizer, config, buffer_db, encoder, ef_search=40, seed=0, kept_names=kept)
+    experience = ExperienceModel(
+        model,
+        tokenizer,
+        config,
+        buffer_db,
+        encoder,
+        ef_search=40,
+        seed=0,
+        kept_names=kept,
+        affordances=learnt_from_rows(rows, kept),  # the actions build_examples learnt, as by default
+    )
     # The warm start is cloned from the won episode, briefly: it knows the game a little.
     policy_kept = policy_kept_names(first_episode, TINY_POLICY)
     start = train_bc(
