@@ -128,7 +128,8 @@ def main() -> None:
                 database,
                 Encoder(config.buffer.encoder),
                 rows,
-                dataclasses.replace(config.experience, neighbours=args.k),
+                # the examples' changes as they are: `measure` adapts them with the training's actions
+                dataclasses.replace(config.experience, neighbours=args.k, learnt_actions=False),
                 config.buffer.ef_search,
                 kept=kept,
             )

@@ -29,6 +29,7 @@ from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
+from dreamgym.experience.affordances import learnt_from_rows
 from dreamgym.experience.examples import build_examples, queries_of
 from dreamgym.experience.fidelity import foreseeable
 from dreamgym.experience.format import NO_CHANGE, SAME_AS
@@ -65,6 +66,8 @@ def main() -> None:
     rows = read_transitions(collect_held_out(args.games, out, config)).to_pylist()
     rows.sort(key=lambda row: (row["trajectory_id"], row["step"]))
     settings = dataclasses.replace(config.experience, neighbours=args.k)
+    kept = trained_kept_names(setup.model_dir)
+    training = read_transitions(setup.project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
     with open_migrated(setup.run_dir, config.buffer) as database:
         examples = build_examples(
             database,
@@ -72,7 +75,10 @@ def main() -> None:
             rows,
             settings,
             config.buffer.ef_search,
-            kept=trained_kept_names(setup.model_dir),
+            kept=kept,
+            # as the model's training examples show them: with the actions learnt from the training
+            # rows (not from these evaluation rows, which build_examples would otherwise learn from)
+            affordances=learnt_from_rows(training, kept) if settings.adapts_examples else None,
         )
     # build_examples sorts as above, so example i is row i.
     queries = queries_of(rows, config.experience.history)
