@@ -200,7 +200,8 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     )
     assert config.constrained_decoding and config.copy_examples
     kept = kept_names(rows)
-    examples = build_examples(buffer_db, encoder, rows, config, ef_search=40, kept=kept)
+    affordances = learnt_from_rows(rows, kept)  # learnt once, for the examples and the model alike
+    examples = build_examples(buffer_db, encoder, rows, config, ef_search=40, kept=kept, affordances=affordances)
     trained = train_experience(examples, config, tmp_path / "experience")
     model, tokenizer = load_model(trained.model_dir)
     experience = ExperienceModel(
@@ -212,7 +213,7 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
         ef_search=40,
         seed=0,
         kept_names=kept,
-        affordances=learnt_from_rows(rows, kept),  # the actions build_examples learnt, as by default
+        affordances=affordances,
     )
     # The warm start is cloned from the won episode, briefly: it knows the game a little.
     policy_kept = policy_kept_names(first_episode, TINY_POLICY)

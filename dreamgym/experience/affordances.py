@@ -266,12 +266,13 @@ def with_learnt_actions(
     def on_no_object(actions: Iterable[str]) -> set[str]:
         return {action for action in actions if not template_of(action, items)[1]}
 
-    plain = on_no_object(previous.actions)
     if actions_line.startswith(ACTIONS_REPLACED):
         listed = actions_line[len(ACTIONS_REPLACED) :].strip()
         plain = on_no_object(listed.split(ITEM_SEPARATOR) if listed else ())
-    elif actions_line.startswith(ACTIONS_LINE):
-        for entry in actions_line[len(ACTIONS_LINE) :].split(ITEM_SEPARATOR):
+    else:
+        plain = on_no_object(previous.actions)
+        entries = actions_line[len(ACTIONS_LINE) :].split(ITEM_SEPARATOR) if actions_line else []
+        for entry in entries:
             if len(entry) > 1 and not template_of(entry[1:], items)[1]:
                 (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
     return dataclasses.replace(state, actions=tuple(sorted(plain | affordances.predict(state, previous))))
