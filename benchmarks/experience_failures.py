@@ -6,9 +6,10 @@
 Collects one episode per game as `dreamgym experience eval` does (the data's behaviour policy,
 another seed), predicts every transition from its real state and history, and counts, separately
 for the foreseeable transitions (the prompt names everything the next state holds: fidelity.py)
-and the rest: exact next states per verb, how each prediction was written (a worked example's
-change named, `no change`, or a change written out), and which fields of the wrong ones differ
-from the game's. The same for "no model" (the top-ranked neighbour's change copied). `--show N`
+and the rest: exact next states per verb, how each prediction was written (the first worked
+example's change named, another's, `no change`, or a change written out), and which fields of the
+wrong ones differ from the game's. The same for "no model" (the top-ranked neighbour's change
+copied), and where the two part: the transitions one got right and the other wrong. `--show N`
 prints N wrong foreseeable predictions per verb beside the game's change and the example's.
 """
 
@@ -36,7 +37,7 @@ def written_as(text: str) -> str:
     """How the completion gave its next state."""
     body = text.split("<next_state>")[-1].split("</next_state>")[0].strip() if "<next_state>" in text else ""
     if body.startswith("same as example"):
-        return "example named"
+        return "example 1 named" if body == "same as example 1" else "another example named"
     return "no change" if body == "no change" else "written out"
 
 
@@ -90,6 +91,16 @@ def summary(found: list[dict]) -> dict:
     return out
 
 
+def against(model: list[dict], copier: list[dict]) -> dict:
+    """Where the model and the copier of its top neighbour part, transition by transition: the
+    foreseeable ones each got right and the other wrong, by how the model wrote its prediction."""
+    parted = {"model only": Counter(), "no model only": Counter()}
+    for ours, theirs in zip(model, copier):
+        if ours["foreseeable"] and ours["exact"] != theirs["exact"]:
+            parted["model only" if ours["exact"] else "no model only"][ours["written_as"]] += 1
+    return {side: dict(ways.most_common()) for side, ways in parted.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--games", type=Path, required=True)
@@ -104,9 +115,10 @@ def main() -> None:
     rows = read_transitions(collect_held_out(args.games, out, setup.config)).to_pylist()
     rows.sort(key=lambda row: (row["trajectory_id"], row["step"]))
     report = {"model": setup.model_label, "games": str(args.games), "transitions": len(rows)}
+    found_by = {}
     for label, no_model in (("model", False), ("no model", True)):
         with open_experience_model(setup.model_dir, setup.run_dir, setup.config, copy_neighbours=no_model) as model:
-            found = records(model, rows)
+            found = found_by[label] = records(model, rows)
         report[label] = summary(found)
         print(f"{label}: exact {sum(r['exact'] for r in found) / len(found):.1%} of {len(found)}")
         print(json.dumps(report[label]["foreseeable"], indent=1))
@@ -117,6 +129,8 @@ def main() -> None:
                     shown[r["verb"]] += 1
                     print(f"--- {r['action']}\n game:    {r['real_change']!r}\n model:   {r['predicted_change']!r}")
                     print(f" example: {r['example_change']!r}")
+    report["model against no model"] = against(found_by["model"], found_by["no model"])
+    print(json.dumps(report["model against no model"], indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 
