@@ -373,6 +373,16 @@ class ExperienceConfig:
             part="generation",
         ),
     ] = True
+    examples_first: Annotated[
+        bool,
+        _help(
+            "With constrained_decoding: where the change of one of the worked examples fits the state, the "
+            "next state names such an example or is 'no change'; a change is written out only where "
+            "none fits. Off: the model may write a change out where an example fits too "
+            "(dreamgym/experience/constrain.py).",
+            part="generation",
+        ),
+    ] = True
     name_imagined: Annotated[
         bool,
         _help(

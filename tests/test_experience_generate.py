@@ -349,42 +349,58 @@ def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
         assert removed in {item_name(item) for item in field}, text
 
 
-def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_experience):
-    from dreamgym.experience.constrain import DeltaConstraint, fitting_references
+def _first_line(tokenizer, state: AbstractState, examples: list[str], wanted: str, examples_first: bool = False) -> str:
+    """The next state's first line, decoded greedily (constrained) for a model that wants to write
+    `wanted` there: each token that continues it scores higher the more of it it spells."""
+    from dreamgym.experience.constrain import DeltaConstraint
 
-    state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
-    takes_knife = "visible: -knife\ninventory: +knife"
-    drops_apple = "inventory: -apple\nvisible: +apple"  # the state has no apple: it cannot fit
-    assert fitting_references(state, [drops_apple, takes_knife]) == ["same as example 2"]
-    _, tokenizer = load_model(tiny_experience.model_dir)
     pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+    text = "<next_state>\n"
+    for _ in range(len(wanted)):
+        written = text[len("<next_state>\n") :]
+        scores = torch.randn(1, len(tokenizer)) * 0.1
+        scores[0, tokenizer.all_special_ids] = float("-inf")  # it does not stop mid-line
+        for token, piece in enumerate(pieces):
+            if piece and wanted.startswith(written + piece):
+                scores[0, token] += 10 + len(piece)
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        constraint = DeltaConstraint(tokenizer, [state], 0, [examples], examples_first=examples_first)
+        text += tokenizer.decode([int(constraint(ids, scores).argmax())])
+        if "\n" in text[len("<next_state>\n") :]:
+            break
+    return text[len("<next_state>\n") :].split("\n")[0]
 
-    def decoded(examples: list[str], wanted: str) -> str:
-        """Greedy decoding of a model that wants to write `wanted` as the next state's first line:
-        each token that continues it scores higher the more of it it spells."""
-        text = "<next_state>\n"
-        for _ in range(len(wanted)):
-            written = text[len("<next_state>\n") :]
-            scores = torch.randn(1, len(tokenizer)) * 0.1
-            scores[0, tokenizer.all_special_ids] = float("-inf")  # it does not stop mid-line
-            for token, piece in enumerate(pieces):
-                if piece and wanted.startswith(written + piece):
-                    scores[0, token] += 10 + len(piece)
-            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-            constrained = DeltaConstraint(tokenizer, [state], 0, [examples])(ids, scores)
-            text += tokenizer.decode([int(constrained.argmax())])
-            if "\n" in text[len("<next_state>\n") :]:
-                break
-        return text[len("<next_state>\n") :].split("\n")[0]
 
+KNIFE_STATE = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+TAKES_KNIFE = "visible: -knife\ninventory: +knife"
+DROPS_APPLE = "inventory: -apple\nvisible: +apple"  # the state has no apple: it cannot fit
+
+
+def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_experience):
+    from dreamgym.experience.constrain import fitting_references
+
+    assert fitting_references(KNIFE_STATE, [DROPS_APPLE, TAKES_KNIFE]) == ["same as example 2"]
+    _, tokenizer = load_model(tiny_experience.model_dir)
     torch.manual_seed(0)
     # Unconstrained the model would name example 1, which does not fit: it names example 2.
-    assert decoded([drops_apple, takes_knife], "same as example 1\n") == "same as example 2"
+    assert _first_line(tokenizer, KNIFE_STATE, [DROPS_APPLE, TAKES_KNIFE], "same as example 1\n") == "same as example 2"
     # A reference that fits is left alone.
-    assert decoded([drops_apple, takes_knife], "same as example 2\n") == "same as example 2"
+    assert _first_line(tokenizer, KNIFE_STATE, [DROPS_APPLE, TAKES_KNIFE], "same as example 2\n") == "same as example 2"
     # No example fits: the first line cannot head for a reference at all.
-    first_line = decoded([drops_apple], "same as example 1\n")
+    first_line = _first_line(tokenizer, KNIFE_STATE, [DROPS_APPLE], "same as example 1\n")
     assert first_line and not "same as example ".startswith(first_line[: len("same as example ")]), first_line
+
+
+def test_a_change_is_written_out_only_where_no_example_fits(tiny_experience):
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    torch.manual_seed(0)
+    writes_out = "inventory: +apple\n"
+    # An example fits: the model that wants to write its own change names that one or `no change`.
+    first_line = _first_line(tokenizer, KNIFE_STATE, [DROPS_APPLE, TAKES_KNIFE], writes_out, examples_first=True)
+    assert first_line in ("same as example 2", "no change"), first_line
+    # Without the rule, or where no example fits, it writes the change it wants.
+    assert _first_line(tokenizer, KNIFE_STATE, [DROPS_APPLE, TAKES_KNIFE], writes_out) == writes_out.strip()
+    assert _first_line(tokenizer, KNIFE_STATE, [DROPS_APPLE], writes_out, examples_first=True) == writes_out.strip()
 
 
 def test_the_reward_and_done_are_held_to_what_the_reasoning_stated(tiny_experience):

@@ -16,7 +16,11 @@ repeated item is masked, so the model must write a different item or go on with 
 A next state may also name a worked example (`same as example i`, experience.copy_examples); the
 model sometimes names one whose change does not fit this state (it removes what the state lacks).
 While the next state's first line heads for a reference, only the examples whose change applies to
-the current state may be named; when none applies, the model must write the change out.
+the current state may be named; when none applies, the model must write the change out. And with
+`examples_first` (experience.examples_first), while one does apply the first line is a reference
+that fits or `no change`: a change is written out only where no example's change fits. Where one
+fits, the changes the tiny model wrote out instead were all wrong on games of other settings (0 of
+102 foreseeable steps of a shifted set, 2026-11-28), where its first example was right half the time.
 
 The model writes its reasoning first, and a long next state in between sometimes makes it forget
 what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
@@ -238,7 +242,8 @@ class DeltaConstraint:
     `stated`: the reward and done follow the reasoning (a model trained on `describe_change`
     traces), or the trace of the example it names (`traces`: `format.example_traces`, per
     prompt). `reasoning`: the completions open with a reasoning section; `greedy`: the batch is
-    decoded greedily (the format rule then keeps only the best token that fits)."""
+    decoded greedily (the format rule then keeps only the best token that fits); `examples_first`:
+    where an example's change fits, the next state names one or is `no change`."""
 
     def __init__(
         self,
@@ -250,8 +255,10 @@ class DeltaConstraint:
         traces: Sequence[Sequence[str | None]] | None = None,
         reasoning: bool = True,
         greedy: bool = True,
+        examples_first: bool = False,
     ):
         self.states, self.prompt_length, self.stated = list(states), prompt_length, stated
+        self.examples_first = examples_first
         self.pattern, self.greedy = completion_pattern(reasoning), greedy
         examples = examples if examples is not None else [()] * len(self.states)
         self.traces = traces if traces is not None else [()] * len(self.states)
@@ -410,11 +417,17 @@ class DeltaConstraint:
             _keep_only(scores, row, heading)
 
     def _constrain_reference(self, row: int, scores: torch.FloatTensor) -> None:
-        """Mask the tokens that would take the first line towards a reference that does not fit."""
+        """Mask the tokens that would take the first line towards a reference that does not fit
+        (and, `examples_first`, where one fits, towards anything but such a reference or `no change`)."""
         written = _reference_line(self.generated[row])
+        endings = self.references[row]
+        if written is not None and self.examples_first and endings:
+            allowed = self._tokens_toward(written, [*endings, f"{NO_CHANGE}\n"], scores.shape[1])
+            if allowed:  # it went its own way before the rule could act: the parser reads it
+                _keep_only(scores, row, allowed | self.vocabulary.silent)
+            return
         if written is None or (written and not _heads_for_reference(written)):
             return
-        endings = self.references[row]
         if len(written) >= len(_REFERENCE):  # every token now goes on with a reference: keep those that fit
             allowed = self._tokens_toward(written, endings, scores.shape[1])
             # special tokens write nothing: left to the parser

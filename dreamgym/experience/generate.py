@@ -487,6 +487,7 @@ class ExperienceModel:
                     _picked(traces, rows),
                     reasoning=self.config.reasoning,
                     greedy=not sample,
+                    examples_first=self.config.examples_first,
                 )
             ]
         )
