@@ -17,10 +17,12 @@ A next state may also name a worked example (`same as example i`, experience.cop
 model sometimes names one whose change does not fit this state (it removes what the state lacks).
 While the next state's first line heads for a reference, only the examples whose change applies to
 the current state may be named; when none applies, the model must write the change out. And with
-`examples_first` (experience.examples_first), while one does apply the first line is a reference
-that fits or `no change`: a change is written out only where no example's change fits. Where one
-fits, the changes the tiny model wrote out instead were all wrong on games of other settings (0 of
-102 foreseeable steps of a shifted set, 2026-11-28), where its first example was right half the time.
+`examples_first` (experience.examples_first, off by default), while one does apply the first line
+is a reference that fits or `no change`: a change is written out only where no example's change
+fits. On games of other settings than its data, the changes the tiny model wrote out where one fit
+were all wrong (0 of 102 foreseeable steps of a shifted set, 2026-11-28), where its first example
+was right half the time; but in the dream of a tiny model trained on the very game it dreams, GRPO
+lowered the real score with the rule and raised it without (tests/test_rl.py, one seed).
 
 The model writes its reasoning first, and a long next state in between sometimes makes it forget
 what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
