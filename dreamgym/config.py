@@ -378,10 +378,10 @@ class ExperienceConfig:
         _help(
             "With constrained_decoding: where the change of one of the worked examples fits the state, the "
             "next state names such an example or is 'no change'; a change is written out only where "
-            "none fits. Off (the default): the model may write a change out where an example fits too. "
-            "On games of other settings than its data the model's written-out changes were all wrong "
-            "and on lifts it to its copier; but GRPO in the dream of a tiny model of the very game it "
-            "dreams lowered the real score with it on and raised it off (dreamgym/experience/constrain.py).",
+            "none fits. Off (the default): it may write a change out there too. On games of other settings "
+            "than its data such changes were all wrong, and on the model equals its copier there; but GRPO "
+            "in the dream of a tiny model of the very game it dreams lowered the real score with it on "
+            "(dreamgym/experience/constrain.py).",
             part="generation",
         ),
     ] = False
