@@ -116,7 +116,7 @@ def main() -> None:
     setup = model_setup(args.params, args.model)
     config = setup.config
     kept = trained_kept_names(setup.model_dir)
-    training = read_transitions(setup.project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
+    training = setup.training_rows()
     affordances = learnt_from_rows(training, kept)
     report = {"model": setup.model_label, "training rows": len(training), "machine": machine(), "sets": {}}
     for games in args.games:

@@ -19,6 +19,13 @@ class Setup:
     model_dir: Path
     model_label: str
 
+    def training_rows(self) -> list[dict]:
+        """The transitions the project's pipeline collected on its training games (the model's data)."""
+        from dreamgym.data.schema import read_transitions
+
+        path = self.project / self.config.paths.data_dir / "trajectories" / "offline.parquet"
+        return read_transitions(path).to_pylist()
+
 
 def model_setup(params: Path, model: str) -> Setup:
     """The configuration in `params`, its embedded services, and the model `model` refers to."""

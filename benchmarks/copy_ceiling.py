@@ -67,7 +67,7 @@ def main() -> None:
     rows.sort(key=lambda row: (row["trajectory_id"], row["step"]))
     settings = dataclasses.replace(config.experience, neighbours=args.k)
     kept = trained_kept_names(setup.model_dir)
-    training = read_transitions(setup.project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
+    training = setup.training_rows()
     with open_migrated(setup.run_dir, config.buffer) as database:
         examples = build_examples(
             database,

@@ -186,7 +186,7 @@ def main() -> None:
         setup.model_dir,
         setup.model_label,
     )
-    rows = read_transitions(project / config.paths.data_dir / "trajectories" / "offline.parquet").to_pylist()
+    rows = setup.training_rows()
     tasks = seed_tasks(rows)
     report = {
         "model": label,
