@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from sqlalchemy import text
 
-from dreamgym.buffer.embeddings import EmbeddingError, transition_text
+from dreamgym.buffer.embeddings import EmbeddingError, inference_dtype, transition_text
 from dreamgym.buffer.migrations import MIGRATIONS_DIR, MigrationError, apply_migrations, load_migrations
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.stats import buffer_stats
@@ -88,6 +89,40 @@ def test_upsert_is_idempotent_and_never_embeds_a_stored_row(buffer_db, offline_d
     with buffer_db.engine.connect() as connection:
         versions = connection.execute(text("SELECT DISTINCT data_version, source FROM transitions")).all()
     assert versions == [("md5-a", "real")]
+
+
+def test_the_encoder_encodes_each_text_once_and_keeps_only_the_most_recent(encoder, monkeypatch):
+    first, second, third = (f"action: take apple\ntask: encoder test {n}\n-= Kitchen =-" for n in range(3))
+    encoded: list[list[str]] = []
+    encode_uncached = encoder._encode
+    monkeypatch.setattr(encoder, "_encode", lambda texts: encoded.append(list(texts)) or encode_uncached(texts))
+
+    vectors = encoder.encode([first, second, first])
+    assert encoded == [[first, second]], "a repeated text was encoded twice"
+    np.testing.assert_array_equal(vectors[0], vectors[2])
+    again = encoder.encode([second, third])
+    assert encoded == [[first, second], [third]], "a text encoded before was encoded again"
+    np.testing.assert_array_equal(again[0], vectors[1])
+    # The same vectors as encoding without the cache, up to the padding of the batch.
+    assert (np.sum(again * encode_uncached([second, third]), axis=1) > 0.9999).all()
+
+    monkeypatch.setattr(encoder, "cache_size", 2)
+    encoder.encode([first])  # kept; the least recently used (second) goes
+    encoder.encode([first, third])
+    assert encoded[2:] == []
+    encoder.encode([second])
+    assert encoded[2:] == [[second]]
+
+
+def test_the_encoder_computes_in_bf16_on_a_cpu_only_with_native_bf16_instructions():
+    # /proc/cpuinfo, not torch, says what the CPU has: oneDNN calls bf16 "supported" where it
+    # only emulates it, ~3x slower than float32.
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo to read the CPU's instructions from")
+    flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for flag in line.split()}
+    native = bool(flags & {"avx512_bf16", "amx_bf16"})
+    assert inference_dtype(torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
 
 
 def _unique_text_rows(rows: list[dict]) -> list[int]:

@@ -188,11 +188,10 @@ def _retrieved(
     domain: Domain,
 ) -> list[list[dict]]:
     """`neighbours` of distinct queries: one search for all of them, then the ranking."""
-    if vectors is None:  # each text once: queries of two real episodes can ask the same
-        texts = [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
-        distinct = list(dict.fromkeys(texts))
-        encoded = dict(zip(distinct, encoder.encode(distinct)))
-        vectors = np.stack([encoded[text] for text in texts])
+    if vectors is None:  # the encoder encodes each distinct text once and keeps it
+        vectors = encoder.encode(
+            [transition_text(q["instruction"], _state_text(q["state"]), q["action"]) for q in queries]
+        )
     filters = [
         Filters(
             source=None if synthetic else "real",
