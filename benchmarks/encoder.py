@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import machine
+
 from dreamgym.buffer.embeddings import Encoder, inference_dtype, transition_text
 from dreamgym.data.schema import read_transitions
 
