@@ -45,8 +45,16 @@ from dreamgym.experience.variations import seed_tasks
 from dreamgym.state import parse_state
 
 
+def forget_encodings(experience) -> None:
+    """Each measurement starts from an empty encoder cache: only the texts its own steps repeat are
+    reused, not those of the runs before it (the same tasks' initial states, the warm-up's)."""
+    if experience.encoder is not None:
+        experience.encoder._cached.clear()
+
+
 def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict:
     rng = random.Random(seed)
+    forget_encodings(experience)
     envs = [DreamEnv(experience, max_steps=steps, slot=slot, record=False) for slot in range(batch)]
     observations = [env.reset(tasks[(seed + slot) % len(tasks)])[0] for slot, env in enumerate(envs)]
     started = time.perf_counter()
@@ -86,6 +94,7 @@ def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, g
     slots = [tasks[(seed * batch + n // group) % len(tasks)] for n in range(batch)]
     envs = [DreamEnv(experience, max_steps=steps, slot=slot, record=False) for slot in range(len(slots))]
     rollout._step = timed_step
+    forget_encodings(experience)
     try:
         started = time.perf_counter()
         rollout.play(policy, envs, slots, generator=torch.Generator().manual_seed(seed), temperature=1.0)

@@ -213,11 +213,26 @@ def test_history_is_the_previous_steps_of_the_same_trajectory(rows):
         ("visible: +a;b", "the delta gives an invalid state"),
         ("visible: +chair; +chair", "visible additions repeat an item"),
         ("visible = table; table", "repeat an item"),
+        # Items no game shows, which a dream kept and acted on (state.py): refused as invalid states.
+        ("visible: +examine fridge)", "the delta gives an invalid state"),
+        ("visible: +obj2 (on counter) to the inventory", "the delta gives an invalid state"),
+        ("visible = +obj1 (closed); table", "the delta gives an invalid state"),
     ],
 )
 def test_apply_delta_names_what_is_wrong(delta, problem):
     with pytest.raises(FormatError, match=problem):
         apply_delta(STATE, delta)
+
+
+def test_the_decoding_format_admits_no_item_a_state_refuses():
+    """The constrained decoding holds a completion to `completion_pattern`, whose items are the
+    state's (state.ITEM_PATTERN): the model cannot start writing what the parser would refuse."""
+    pattern = completion_pattern(reasoning=False)
+    added = "<next_state>\nvisible: +"
+    assert pattern.fullmatch(added + "obj1 (closed); +frosted-glass door (open)", partial=True)
+    for malformed in ("examine fridge)", "obj2 (on counter) to", "+examine", "(open)"):
+        assert not pattern.fullmatch(added + malformed, partial=True), malformed
+    assert not pattern.fullmatch("<next_state>\nvisible = fridge (open); +obj1", partial=True)
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,19 @@ def test_items_cannot_break_the_format():
         AbstractState(location="k", inventory=("a; b",))
 
 
+@pytest.mark.parametrize(
+    "item",
+    ["examine fridge)", "obj2 (on counter) to the inventory", "+examine counter", "-knife", "knife (a) (b)", "(open)"],
+)
+def test_an_item_is_a_name_and_its_descriptors_and_nothing_else(item):
+    with pytest.raises(StateParseError, match="is not 'name' or 'name \\(descriptors\\)'"):
+        AbstractState(location="k", visible=(item,))
+    with pytest.raises(StateParseError, match="is not 'name'"):
+        parse_state(f"location: k\nvisible: {item}\ninventory:\nactions:")
+    for fine in ("frosted-glass door (closed)", "red apple (sliced, in fridge)", "a", "go north"):
+        assert AbstractState(location="k", visible=(fine,)).visible == (fine,)
+
+
 def test_item_name_drops_descriptors():
     assert item_name("red apple (sliced, in fridge)") == "red apple"
     assert item_name("table") == "table"

@@ -63,7 +63,7 @@ from dreamgym.experience.format import (
     removal_texts,
     resolve_reference,
 )
-from dreamgym.state import ITEM_SEPARATOR, AbstractState
+from dreamgym.state import ITEM_PATTERN, ITEM_SEPARATOR, AbstractState
 
 _OPEN = "<next_state>\n"
 _CLOSE = "</next_state>"
@@ -81,7 +81,7 @@ def completion_pattern(reasoning: bool) -> regex.Pattern:
     """The completions format.py writes, as a pattern whose partial matches are their prefixes.
     What only the state can tell (which items may be removed or added, which example fits) is
     left to the other rules and the parser."""
-    item = r"[^;\n<> ](?:[^;\n<>]*[^;\n<> ])?"  # no separator, line break or tag; no surrounding space
+    item = ITEM_PATTERN
     entries = rf"{item}(?:; {item})*"
     changes = rf"[+-]{item}(?:; [+-]{item})*"
     lines = [rf"location: {item}"]
