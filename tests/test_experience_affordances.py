@@ -25,7 +25,7 @@ def kitchen(food: str, carried: bool, cut: bool = False, knife: bool = False, on
         if knife and not cut:
             actions.append(f"slice {food} with knife")
     else:
-        visible.append(f"{item} (on {on})")
+        visible.append(f"{food} (sliced, on {on})" if cut else f"{food} (on {on})")
         actions.append(f"take {food} from {on}")
     if knife:
         actions += [f"put knife on {s}" for s in supporters]
