@@ -43,7 +43,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for way, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16), ("encoder", chosen)):
             encoder.model.to(dtype)
-            encoder._cached.clear()
+            encoder.forget()
             started = time.perf_counter()
             if way == "encoder":
                 encoder.encode(texts)
@@ -52,10 +52,9 @@ def main() -> None:
             seconds[way].append(time.perf_counter() - started)
             print(f"repeat {repeat + 1}: {way} {len(texts) / seconds[way][-1]:.1f} texts/s", flush=True)
 
-    capabilities = torch.cpu.get_capabilities()
     report = {
         "machine": machine(),
-        "cpu_native_bf16": bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16")),
+        "cpu_native_bf16": inference_dtype(torch.device("cpu")) == torch.bfloat16,
         "encoder_dtype": str(chosen),
         "data": str(args.data),
         "texts": len(texts),

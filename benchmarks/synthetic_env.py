@@ -49,7 +49,7 @@ def forget_encodings(experience) -> None:
     """Each measurement starts from an empty encoder cache: only the texts its own steps repeat are
     reused, not those of the runs before it (the same tasks' initial states, the warm-up's)."""
     if experience.encoder is not None:
-        experience.encoder._cached.clear()
+        experience.encoder.forget()
 
 
 def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict:

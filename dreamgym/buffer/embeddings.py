@@ -109,16 +109,20 @@ class Encoder:
         distinct text not in the cache is encoded once."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        missing = [text for text in dict.fromkeys(texts) if text not in self._cached]
-        found = {text: self._cached[text] for text in texts if text in self._cached}
+        distinct = list(dict.fromkeys(texts))
+        missing = [text for text in distinct if text not in self._cached]
         if missing:
-            found |= zip(missing, self._encode(missing))
-        for text in dict.fromkeys(texts):
-            self._cached[text] = found[text]
+            self._cached.update(zip(missing, self._encode(missing)))
+        found = {text: self._cached[text] for text in distinct}  # before the bound evicts any
+        for text in distinct:
             self._cached.move_to_end(text)
         while len(self._cached) > self.cache_size:
             self._cached.popitem(last=False)
         return np.stack([found[text] for text in texts])
+
+    def forget(self) -> None:
+        """Empty the cache (a measurement that must not reuse what an earlier one encoded)."""
+        self._cached.clear()
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         vectors = self.model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True, show_progress_bar=False)
