@@ -23,7 +23,7 @@ def make_project(root: Path, train_games: list[Path], test_games: list[Path]) ->
     session's games already in place (same seed and settings)."""
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    for name in ("dvc.yaml", "params.yaml"):
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, root / name)
     for package in ("dreamgym", "flows"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))

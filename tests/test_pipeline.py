@@ -3,6 +3,7 @@ lineage and registry, Prefect task caching."""
 
 import datetime
 import json
+import py_compile
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,10 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert promotion.promoted == (rl["success_rate"] > bc["success_rate"] and promotion.decision.p_value < 0.05)
     assert ("champion" in version.aliases) == promotion.promoted
 
-    # The run wrote the DVC stages' metrics and recorded them: DVC has nothing to redo.
+    # The run wrote the DVC stages' metrics and recorded them: DVC has nothing to redo, also once
+    # Python has written bytecode beside the code a stage depends on (.dvcignore).
+    py_compile.compile(str(project / "dreamgym" / "experience" / "rerank.py"), doraise=True)
+    assert list((project / "dreamgym" / "experience" / "__pycache__").glob("rerank.*.pyc"))
     status = subprocess.run(
         [sys.executable, "-m", "dvc", "status"], cwd=project, capture_output=True, text=True, check=True
     )
