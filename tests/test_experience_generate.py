@@ -196,13 +196,10 @@ def test_additions_and_replacements_cannot_repeat_an_item(tiny_experience):
     assert repeated_entries(state, "<reasoning>inventory: +carrot") is None
     _, tokenizer = load_model(tiny_experience.model_dir)
     constraint = DeltaConstraint(tokenizer, [state, state], prompt_length=0)
-    texts = ["<next_state>\ninventory: +carrot", "<next_state>\ninventory: +onion"]
-    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    width = max(map(len, ids))
-    batch = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row in ids])
-    constraint.generated = list(texts)  # as if generated so far (the pad prefix decodes to nothing)
-    constraint.seen = width
-    scores = constraint(batch, torch.zeros(2, len(tokenizer)))
+    constraint.generated = ["<next_state>\ninventory: +carrot", "<next_state>\ninventory: +onion"]
+    scores = torch.zeros(2, len(tokenizer))
+    for row in range(2):  # this rule alone (the format's would pick one token of these scores)
+        constraint._constrain_entries(row, state, scores)
     newline = tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
     # 'carrot' is in the inventory already: ending the entry there is masked; 'onion' may end.
     assert scores[0, newline] == float("-inf") and scores[1, newline] == 0
@@ -285,6 +282,27 @@ def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_e
     assert min(looks.values()) > 10, looks  # each look was taken
 
 
+def test_a_completion_with_no_way_on_in_the_format_ends_at_once(tiny_experience):
+    """Where the other rules mask every token that would keep the completion in the format (an
+    item named twice in a replacement line: after its `)` only `;` or the line's end may come, and
+    both are masked), or where it has left the format, the end is the row's one token, greedy or
+    sampled: nothing it could write on would parse. A completion with a way on is not ended."""
+    from dreamgym.experience.constrain import DeltaConstraint, completion_pattern
+
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    head = "<reasoning>The player looks.</reasoning>\n<next_state>\nvisible = knife (on table); "
+    dead_end, off_format, going_on = head + "knife (on table)", head + "knife (on table) to the", head + "ta"
+    assert completion_pattern(reasoning=True).fullmatch(dead_end, partial=True)
+    assert not completion_pattern(reasoning=True).fullmatch(off_format, partial=True)
+    for greedy in (True, False):
+        for written, ends in ((dead_end, True), (off_format, True), (going_on, False)):
+            constraint = DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0, greedy=greedy)
+            constraint.generated[0] = written
+            scores = constraint(torch.zeros((1, 0), dtype=torch.long), torch.randn(1, len(tokenizer)))
+            alive = (scores[0] > float("-inf")).nonzero().flatten().tolist()
+            assert (alive == [tokenizer.eos_token_id]) == ends, (written, greedy, alive[:5])
+
+
 def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that_does(tiny_experience, monkeypatch):
     """Sampling draws among the best-scored tokens that keep the completion a prefix of the format,
     and when none of them does, among every token that does: the definition, token by token, on
@@ -308,8 +326,7 @@ def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that
             if pieces[t] and scores[0, t] > float("-inf") and pattern.fullmatch(written + pieces[t], partial=True)
         }
         top = set(torch.topk(scores[0], 2).indices.tolist())
-        alive = set((scores[0] > float("-inf")).nonzero().flatten().tolist())
-        expected = (top & fitting) or fitting or alive  # none fits: left to the parser to refuse
+        expected = (top & fitting) or fitting or {tokenizer.eos_token_id}  # none fits: the row ends
         looks["first" if top & fitting else "every"] += 1
         constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0, greedy=False)
         constraint.generated[0] = written
@@ -339,7 +356,8 @@ def test_removals_are_constrained_to_items_the_state_has(tiny_experience):
         for _ in range(12):
             ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
             scores = torch.randn(1, len(tokenizer))
-            constrained = DeltaConstraint(tokenizer, [state], prompt_length=0)(ids, scores)
+            # A completion without reasoning: the format's own rule allows what follows `<next_state>`.
+            constrained = DeltaConstraint(tokenizer, [state], prompt_length=0, reasoning=False)(ids, scores)
             text += tokenizer.decode([int(constrained.argmax())])
             if "; " in text[len(written) :] or "\n" in text[len(written) :]:
                 break  # the entry is complete (a token may run on past its end)
@@ -364,7 +382,7 @@ def _first_line(tokenizer, state: AbstractState, examples: list[str], wanted: st
             if piece and wanted.startswith(written + piece):
                 scores[0, token] += 10 + len(piece)
         ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        constraint = DeltaConstraint(tokenizer, [state], 0, [examples], examples_first=examples_first)
+        constraint = DeltaConstraint(tokenizer, [state], 0, [examples], reasoning=False, examples_first=examples_first)
         text += tokenizer.decode([int(constraint(ids, scores).argmax())])
         if "\n" in text[len("<next_state>\n") :]:
             break
