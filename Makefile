@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 # Re-install only when the declared dependencies change.
 STAMP := $(VENV)/.installed
 # Python keeps the bytecode of what it imports (in __pycache__/ folders, which git and DVC ignore),
-# even where PYTHONDONTWRITEBYTECODE is set (as on the machines this project is built on): without it every
-# process (a command, a server, a worker, a test's subprocess) compiled its imports from source
-# again, and importing the pipeline took ~37 s instead of ~19. Compiling only what is imported, once,
-# costs ~20 s; compiling the whole environment at install (compileall) took 2.5 min on 2 cores.
+# even where PYTHONDONTWRITEBYTECODE is set (as on the machines this project is built on): without
+# it every process (a command, a server, a worker, a test's subprocess) compiled its imports from
+# source again, and importing the pipeline took ~37 s instead of ~19. Compiling only what is
+# imported, once, costs ~20 s; compiling the whole environment at install took 2.5 min on 2 cores.
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test install clean-run
