@@ -1,12 +1,12 @@
-"""The decoding constraint's last look, when none of the best-scored tokens keeps the completion in
-the format: every token tried (the definition) against the tokens of the first characters that fit
-(`DeltaConstraint._every_fitting`), per tokenizer (a measurement, not a test).
+"""The decoding constraint's format rule: which tokens keep a completion a prefix of the format,
+every token tried against the pattern (the definition) and looked up in the format's token
+automaton (`constrain._FormatIndex`, what decoding uses), per tokenizer (a measurement, not a test).
 
     .venv/bin/python benchmarks/format_scan.py <model or tokenizer folder> [...] [--cuts 60] [--json out.json]
 
 At `--cuts` random cut points of a completion, both give the same tokens (checked) and their
-times are compared (medians, one thread). A pretrained tokenizer (SmolLM2's ~49k tokens) is where
-it matters: the look runs once per row and step wherever none of the top tokens fits.
+times are compared (medians, one thread; the lookup's time includes reading the cut's tokens into
+the automaton, as decoding does one token a step). The automaton's build time is reported apart.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from dreamgym.benchmark import machine
-from dreamgym.experience.constrain import DeltaConstraint
+from dreamgym.experience.constrain import DeltaConstraint, completion_pattern
 from dreamgym.state import AbstractState
 
 COMPLETION = (
@@ -35,29 +35,33 @@ COMPLETION = (
 def measure(folder: Path, cuts: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     state = AbstractState("kitchen", ("knife (on table)", "table"), ("carrot",), ("eat carrot",))
+    started = time.perf_counter()
     constraint = DeltaConstraint(tokenizer, [state], prompt_length=0, greedy=False)
-    pieces, pattern = constraint.vocabulary.pieces, constraint.pattern
-    rng, every, first = random.Random(0), [], []
+    build = time.perf_counter() - started
+    pieces, pattern = constraint.vocabulary.pieces, completion_pattern(reasoning=True)
+    rng, every, looked_up = random.Random(0), [], []
     for _ in range(cuts):
         written = COMPLETION[: rng.randint(0, len(COMPLETION) - 1)]
-        scores = torch.randn(len(tokenizer))
         started = time.perf_counter()
         expected = [
-            token
-            for token in (scores > float("-inf")).nonzero().flatten().tolist()
-            if token < len(pieces) and pieces[token] and pattern.fullmatch(written + pieces[token], partial=True)
+            token for token, piece in enumerate(pieces) if piece and pattern.fullmatch(written + piece, partial=True)
         ]
         every.append(time.perf_counter() - started)
+        ids = tokenizer(written, add_special_tokens=False)["input_ids"]
         started = time.perf_counter()
-        found = constraint._every_fitting(written, scores.tolist())
-        first.append(time.perf_counter() - started)
+        state_of = constraint.format.start
+        for token in ids:
+            state_of = constraint.format.after(state_of, token)
+        found = constraint.format.allowed(state_of, len(pieces)).tolist()
+        looked_up.append(time.perf_counter() - started)
         assert found == expected, written
     return {
         "vocabulary": len(tokenizer),
         "cuts": cuts,
+        "automaton_build_s": build,
         "every_token_ms": 1000 * statistics.median(every),
-        "first_characters_first_ms": 1000 * statistics.median(first),
-        "ratio": statistics.median(every) / statistics.median(first),
+        "automaton_ms": 1000 * statistics.median(looked_up),
+        "ratio": statistics.median(every) / statistics.median(looked_up),
     }
 
 

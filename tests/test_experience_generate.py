@@ -253,33 +253,36 @@ FORMAT_COMPLETION = (
 )
 
 
-def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_experience, monkeypatch):
-    """Whichever look finds it (the first candidates, the wider second look, every token), greedy
-    decoding keeps the one token the definition names: the best-scored whose piece keeps the
-    completion a prefix of the format. The looks are made narrow here so that all three are taken."""
+def _read_text(constraint, tokenizer, text: str) -> torch.Tensor:
+    """`text` (one row) into `constraint` as decoding gives it: token by token."""
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    constraint.read(ids)
+    assert constraint.generated[0] == text  # the pieces are exact on this ASCII text
+    return ids
+
+
+def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_experience):
+    """Greedy decoding keeps the one token the definition names: the best-scored whose piece keeps
+    the completion a prefix of the format, every token tried against the pattern, on 200 random
+    cuts of a completion (decoding looks them up in the format's token automaton)."""
     import random
 
     from dreamgym.experience import constrain
 
-    monkeypatch.setattr(constrain, "FORMAT_CANDIDATES", 2)
-    monkeypatch.setattr(constrain, "FORMAT_FALLBACK", 64)
     _, tokenizer = load_model(tiny_experience.model_dir)
     pattern = constrain.completion_pattern(reasoning=True)
     assert pattern.fullmatch(FORMAT_COMPLETION)
     pieces = constrain._vocabulary(tokenizer, len(tokenizer)).pieces
-    rng, looks = random.Random(0), {"first": 0, "second": 0, "every": 0}
+    rng = random.Random(0)
     for _ in range(200):
         written = FORMAT_COMPLETION[: rng.randint(0, len(FORMAT_COMPLETION) - 1)]
         scores = torch.randn(1, len(tokenizer))
         fitting = [t for t in range(len(pieces)) if pieces[t] and pattern.fullmatch(written + pieces[t], partial=True)]
         best = max(fitting, key=lambda token: scores[0, token].item())
-        rank = int((scores[0] > scores[0, best]).sum())
-        looks["first" if rank < 2 else "second" if rank < 64 else "every"] += 1
         constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0)
-        constraint.generated[0] = written
+        _read_text(constraint, tokenizer, written)
         constraint._constrain_format(0, scores)
         assert (scores[0] > float("-inf")).nonzero().flatten().tolist() == [best], written
-    assert min(looks.values()) > 10, looks  # each look was taken
 
 
 def test_a_completion_with_no_way_on_in_the_format_ends_at_once(tiny_experience):
@@ -297,16 +300,16 @@ def test_a_completion_with_no_way_on_in_the_format_ends_at_once(tiny_experience)
     for greedy in (True, False):
         for written, ends in ((dead_end, True), (off_format, True), (going_on, False)):
             constraint = DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0, greedy=greedy)
-            constraint.generated[0] = written
-            scores = constraint(torch.zeros((1, 0), dtype=torch.long), torch.randn(1, len(tokenizer)))
+            ids = tokenizer(written, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            scores = constraint(ids, torch.randn(1, len(tokenizer)))
             alive = (scores[0] > float("-inf")).nonzero().flatten().tolist()
             assert (alive == [tokenizer.eos_token_id]) == ends, (written, greedy, alive[:5])
 
 
 def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that_does(tiny_experience, monkeypatch):
     """Sampling draws among the best-scored tokens that keep the completion a prefix of the format,
-    and when none of them does, among every token that does: the definition, token by token, on
-    200 random cases (the look at every token tries only the tokens whose first character fits)."""
+    and when none of them does, among every token that does: the definition, every token tried
+    against the pattern, on 200 random cases."""
     import random
 
     from dreamgym.experience import constrain
@@ -329,7 +332,7 @@ def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that
         expected = (top & fitting) or fitting or {tokenizer.eos_token_id}  # none fits: the row ends
         looks["first" if top & fitting else "every"] += 1
         constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0, greedy=False)
-        constraint.generated[0] = written
+        _read_text(constraint, tokenizer, written)
         constraint._constrain_format(0, scores)
         assert set((scores[0] > float("-inf")).nonzero().flatten().tolist()) == expected, written
     assert min(looks.values()) > 10, looks  # both looks were taken
