@@ -253,12 +253,10 @@ FORMAT_COMPLETION = (
 )
 
 
-def _read_text(constraint, tokenizer, text: str) -> torch.Tensor:
+def _read_text(constraint, tokenizer, text: str) -> None:
     """`text` (one row) into `constraint` as decoding gives it: token by token."""
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    constraint.read(ids)
+    constraint.read(tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"])
     assert constraint.generated[0] == text  # the pieces are exact on this ASCII text
-    return ids
 
 
 def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_experience):
