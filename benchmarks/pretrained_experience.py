@@ -40,6 +40,7 @@ from dreamgym.benchmark import machine
 from dreamgym.config import load_config
 from dreamgym.data.games import game_setting
 from dreamgym.envs.dynamics import Query
+from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances, saved_beside
 from dreamgym.experience.examples import load_examples, load_kept_names, queries_of
 from dreamgym.experience.fidelity import evaluate
 from dreamgym.experience.generate import (
@@ -69,9 +70,11 @@ class ReplayedRetrieval(ExperienceModel):
     """An experience model whose retrieval replays neighbours recorded from the real buffer, for a
     machine without one. A query that was not recorded is an error, never an empty retrieval."""
 
-    def __init__(self, model, tokenizer, config, recorded: dict, kept_names, seed: int = 0):
+    def __init__(self, model, tokenizer, config, recorded: dict, kept_names, affordances=None, seed: int = 0):
         # `recorded` stands in the database's and the encoder's places: it answers retrieval.
-        super().__init__(model, tokenizer, config, recorded, recorded, seed=seed, kept_names=kept_names)
+        super().__init__(
+            model, tokenizer, config, recorded, recorded, seed=seed, kept_names=kept_names, affordances=affordances
+        )
         self.recorded = recorded
 
     def retrieved(self, queries):
@@ -84,8 +87,8 @@ class ReplayedRetrieval(ExperienceModel):
 class ReplayedCopy(ReplayedRetrieval, NeighbourCopy):
     """No model, its retrieval replayed: the top neighbour's change (NeighbourCopy)."""
 
-    def __init__(self, config, recorded: dict, kept_names):
-        NeighbourCopy.__init__(self, config, recorded, recorded, kept_names=kept_names)
+    def __init__(self, config, recorded: dict, kept_names, affordances=None):
+        NeighbourCopy.__init__(self, config, recorded, recorded, kept_names=kept_names, affordances=affordances)
         self.recorded = recorded
 
 
@@ -118,6 +121,8 @@ def export(args: argparse.Namespace) -> None:
     (out / SETS).mkdir(parents=True, exist_ok=True)
     examples = args.examples or _only_examples(setup.project / config.paths.outputs_dir / "experience")
     shutil.copyfile(examples, out / EXAMPLES)
+    if config.experience.adapts_examples:  # the learnt actions the examples' changes were adapted with
+        shutil.copyfile(saved_beside(examples), out / AFFORDANCES_FILE)
     # A bundle grows set by set: sets exported before are kept.
     earlier = json.loads((out / BASELINE).read_text())["sets"] if (out / BASELINE).is_file() else {}
     baseline = {"model": setup.model_label, "examples": str(examples), "machine": machine(), "sets": earlier}
@@ -158,7 +163,12 @@ def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict
     retrieval = _retrieval_seconds(live, sorted_queries(rows, experience.config.history))
     # Replaying must give the live records: the same prompts, so the same predictions.
     replayed = ReplayedRetrieval(
-        experience.model, experience.tokenizer, experience.config, recorded, experience.kept_names
+        experience.model,
+        experience.tokenizer,
+        experience.config,
+        recorded,
+        experience.kept_names,
+        experience.affordances,
     )
     check = args.check_transitions
     same = (
@@ -168,7 +178,7 @@ def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict
     if not same:
         raise SystemExit(f"{name}: replayed retrieval gives other records than the live one")
     copy = evaluate(
-        ReplayedCopy(experience.config, recorded, experience.kept_names),
+        ReplayedCopy(experience.config, recorded, experience.kept_names, experience.affordances),
         rows,
         horizon=0,
         batch_size=32,
@@ -234,6 +244,8 @@ def run(args: argparse.Namespace) -> None:
     report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), "args": _plain(args)}
     bundle = args.bundle
     kept = load_kept_names(bundle / EXAMPLES)
+    saved = bundle / AFFORDANCES_FILE  # the examples' learnt actions, when they were adapted with them
+    affordances = Affordances.load(saved) if saved.is_file() else None
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +255,8 @@ def run(args: argparse.Namespace) -> None:
         model_dir = args.trained
         settings = trained_settings(model_dir, config.experience)
         kept = trained_kept_names(model_dir)
+        if (model_dir / AFFORDANCES_FILE).is_file():
+            affordances = Affordances.load(model_dir / AFFORDANCES_FILE)
     else:
         settings = dataclasses.replace(
             config.experience,
@@ -264,6 +278,8 @@ def run(args: argparse.Namespace) -> None:
         )
         model_dir = result.model_dir
         save_settings(model_dir, settings, kept)
+        if affordances is not None:  # loadable as a project's model is
+            affordances.save(model_dir / AFFORDANCES_FILE)
         report["training"] = {
             key: value
             for key, value in dataclasses.asdict(result).items()
@@ -283,7 +299,9 @@ def run(args: argparse.Namespace) -> None:
         if args.limit:  # whole episodes, in the order fidelity reads them
             episodes = sorted({row["trajectory_id"] for row in data["rows"]})[: args.limit]
             data["rows"] = [row for row in data["rows"] if row["trajectory_id"] in set(episodes)]
-        experience = ReplayedRetrieval(model, tokenizer, settings, data["recorded"], kept, seed=config.seed)
+        experience = ReplayedRetrieval(
+            model, tokenizer, settings, data["recorded"], kept, affordances, seed=config.seed
+        )
         first = first or (experience, sorted_queries(data["rows"], settings.history))
         if time.perf_counter() > deadline:
             print(f"{name}: skipped, past the deadline", flush=True)

@@ -330,7 +330,7 @@ class DeltaConstraint:
             return
         if self.format.complete(state):
             return  # a row waiting for the batch
-        fitting = self.format.allowed(state, scores.shape[1])
+        fitting = self.format.allowed(state, scores.shape[1], scores.device)
         row_scores = scores[row]
         if self.greedy:
             best = int(fitting[row_scores[fitting].argmax()]) if len(fitting) else None
@@ -453,7 +453,7 @@ class _FormatIndex:
         # outlines-core needs an end token; a tokenizer without one gets an id no piece has.
         self.index = Index(pattern, Vocabulary(end if end is not None else len(pieces), tokens))
         self.start = self.index.get_initial_state()
-        self._allowed: dict[int, torch.Tensor] = {}
+        self._allowed: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def after(self, state: int | None, token: int) -> int | None:
         """The state once `token` is written (None: the text has left the format)."""
@@ -462,12 +462,14 @@ class _FormatIndex:
     def complete(self, state: int) -> bool:
         return self.index.is_final_state(state)
 
-    def allowed(self, state: int, width: int) -> torch.Tensor:
-        """The tokens (of the first `width`) that keep the text in the format from `state`."""
-        if state not in self._allowed:
-            self._allowed[state] = torch.tensor(sorted(self.index.get_allowed_tokens(state)), dtype=torch.long)
-        tokens = self._allowed[state]
-        return tokens[tokens < width]
+    def allowed(self, state: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The tokens (of the first `width`) that keep the text in the format from `state`, on the
+        scores' `device`: a GPU's scores cannot be indexed by a mask of them on the CPU."""
+        key = (state, width, str(device))
+        if key not in self._allowed:
+            tokens = torch.tensor(sorted(self.index.get_allowed_tokens(state)), dtype=torch.long)
+            self._allowed[key] = tokens[tokens < width].to(device)
+        return self._allowed[key]
 
 
 @functools.lru_cache(maxsize=8)
