@@ -17,15 +17,13 @@ unexport PYTHONDONTWRITEBYTECODE
 run: $(STAMP)
 	$(BIN)/dreamgym run
 
-# The linter and formatter first (a second), then the suite on three workers, a test file each at a
+# The linter and formatter first (a second), then the suite on two workers, a test file each at a
 # time (its module fixtures made once), in the collected order: the files with long tests first
-# (tests/conftest.py). CI has two cores; a third worker computes while the others wait on the
-# servers and subprocesses many tests start (the suite 980-999 s on two workers, 900 s on three,
-# 916 s on four, on 2 cores: benchmarks/results/README.md, 2026-11-28).
+# (tests/conftest.py). CI has two cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-# `make test` runs three pytest-xdist workers on CI's two cores (Makefile): each computes on one
-# thread (more threads each would fight over the cores). Set before torch is imported; the subprocesses
+# `make test` runs two pytest-xdist workers, one per core of CI's two: each computes on one thread
+# (two threads each would fight over the cores). Set before torch is imported; the subprocesses
 # a test starts inherit it, so a run killed in a subprocess computes like the one it is compared to.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -28,7 +28,7 @@ from dreamgym.data.games import generate_games, plan_games
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold a `long` test first, the rest in their order: `make test` hands whole
-    files to its workers in this order (--no-loadscope-reorder), so the minutes-long ones start
+    files to its two workers in this order (--no-loadscope-reorder), so the minutes-long ones start
     at once and the short ones fill in around them, instead of one worker ending alone on one."""
     long_files = {item.path for item in items if item.get_closest_marker("long")}
     items.sort(key=lambda item: item.path not in long_files)  # a stable sort keeps each file's order
