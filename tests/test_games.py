@@ -9,9 +9,11 @@ import pytest
 
 from dreamgym.config import GamesConfig
 from dreamgym.data.games import (
+    STORY_SERIAL,
     GameGenerationError,
     _portable,
     _tw_make,
+    fix_serial,
     game_setting,
     generate_games,
     list_games,
@@ -58,6 +60,8 @@ def test_existing_games_are_reused_and_a_seed_gives_identical_files(train_games,
         digest = [hashlib.md5(p.with_suffix(suffix).read_bytes()).hexdigest() for p in (again[0], train_games[0])]
         assert digest[0] == digest[1], f"{suffix} differs between two generations of the same seed"
     assert not list(tmp_path.glob(".tw-make-*")), "scratch folders must be cleaned up"
+    # Inform would write today's date as the serial number: another day gave other bytes.
+    assert again[0].read_bytes()[0x12:0x18] == STORY_SERIAL
     # Nothing of this machine is recorded in a game, so other machines make the same bytes.
     metadata = again[0].with_suffix(".json").read_text()
     assert sys.prefix not in metadata and str(tmp_path) not in metadata
@@ -72,8 +76,17 @@ def test_a_game_made_after_another_in_one_process_has_the_bytes_of_its_own_tw_ma
     subprocess.run([_tw_make(), *spec.tw_make_args(alone)], env={**os.environ, "PYTHONHASHSEED": "0"}, check=True)
     metadata = alone.with_suffix(".json")
     metadata.write_text(json.dumps(_portable(json.loads(metadata.read_text()), alone)))
+    fix_serial(alone)
     for suffix in (".z8", ".json", ".ni"):
         assert train_games[2].with_suffix(suffix).read_bytes() == alone.with_suffix(suffix).read_bytes(), suffix
+
+
+def test_only_a_z_machine_story_gets_its_serial_fixed(tmp_path):
+    not_a_story = tmp_path / "game.z8"
+    not_a_story.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(GameGenerationError, match=r"game\.z8 is not a Z-machine story"):
+        fix_serial(not_a_story)
+    assert not_a_story.read_bytes() == b"PK\x03\x04" + bytes(100)
 
 
 def test_a_game_textworld_cannot_make_fails_with_its_name_and_the_reason(tmp_path):

@@ -12,7 +12,8 @@ the games one after another with tw-make's own argument parser and TextWorld's A
 as one `tw-make` process per game (tested): importing TextWorld and parsing its grammar and game
 logic, two thirds of a `tw-make` run (~6 of ~9 s on this machine), are then paid once per worker
 rather than once per game. The child runs with PYTHONHASHSEED=0, as `tw-make` did, because
-TextWorld writes set-ordered lists into a game's JSON.
+TextWorld writes set-ordered lists into a game's JSON. The story's serial number, the day Inform
+compiled it, is set to a constant: a seed gives the same bytes on any day as on any machine.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ from dreamgym.envs.textworld_env import check_game_file
 from dreamgym.errors import DreamgymError
 
 GAME_SUFFIXES = (".z8", ".json", ".ni")
+# Inform writes the compile date (YYMMDD) into a story's header as its serial number, so the same
+# seed gave other bytes on another day (and DVC saw a changed game). Every game gets this one.
+STORY_SERIAL = b"000000"
+_SERIAL_AT = slice(0x12, 0x18)  # the Z-machine header's serial number; the checksum starts at 0x40
 SEED_STRIDE = GAME_SEED_STRIDE
 
 
@@ -189,6 +194,15 @@ def compile_in_process(spec: GameSpec, output: Path, parser: argparse.ArgumentPa
     textworld.generator.compile_game(make(settings=vars(args), options=options), options)
 
 
+def fix_serial(story: Path) -> None:
+    """Overwrite the compile date in a Z-machine story's header with `STORY_SERIAL`."""
+    data = bytearray(story.read_bytes())
+    if not (len(data) >= 0x40 and 1 <= data[0] <= 8):
+        raise GameGenerationError(f"{story.name} is not a Z-machine story (version byte {data[:1].hex() or 'missing'})")
+    data[_SERIAL_AT] = STORY_SERIAL
+    story.write_bytes(bytes(data))
+
+
 def make_game(spec: GameSpec, out_dir: Path, parser: argparse.ArgumentParser) -> Path:
     """Compile one game into `out_dir` (atomically); return its `.z8` path. In a process started
     with PYTHONHASHSEED=0 (`make_games`)."""
@@ -199,6 +213,7 @@ def make_game(spec: GameSpec, out_dir: Path, parser: argparse.ArgumentParser) ->
             compile_in_process(spec, output, parser)
         except Exception as error:  # TextWorld's own errors, e.g. no quest for these settings
             raise GameGenerationError(f"{type(error).__name__}: {error}") from error
+        fix_serial(output)
         metadata_file = output.with_suffix(".json")
         metadata_file.write_text(json.dumps(_portable(json.loads(metadata_file.read_text()), target)))
         # The JSON goes last: a game counts as present only once its .z8 and .json both exist.
