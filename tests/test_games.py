@@ -9,6 +9,7 @@ import pytest
 
 from dreamgym.config import GamesConfig
 from dreamgym.data.games import (
+    _SERIAL_AT,
     STORY_SERIAL,
     GameGenerationError,
     _portable,
@@ -19,6 +20,7 @@ from dreamgym.data.games import (
     list_games,
     plan_games,
 )
+from dreamgym.envs.textworld_env import GameFileError
 from dreamgym.errors import DreamgymError
 
 
@@ -61,7 +63,7 @@ def test_existing_games_are_reused_and_a_seed_gives_identical_files(train_games,
         assert digest[0] == digest[1], f"{suffix} differs between two generations of the same seed"
     assert not list(tmp_path.glob(".tw-make-*")), "scratch folders must be cleaned up"
     # Inform would write today's date as the serial number: another day gave other bytes.
-    assert again[0].read_bytes()[0x12:0x18] == STORY_SERIAL
+    assert again[0].read_bytes()[_SERIAL_AT] == STORY_SERIAL
     # Nothing of this machine is recorded in a game, so other machines make the same bytes.
     metadata = again[0].with_suffix(".json").read_text()
     assert sys.prefix not in metadata and str(tmp_path) not in metadata
@@ -84,7 +86,7 @@ def test_a_game_made_after_another_in_one_process_has_the_bytes_of_its_own_tw_ma
 def test_only_a_z_machine_story_gets_its_serial_fixed(tmp_path):
     not_a_story = tmp_path / "game.z8"
     not_a_story.write_bytes(b"PK\x03\x04" + bytes(100))
-    with pytest.raises(GameGenerationError, match=r"game\.z8 is not a Z-machine story"):
+    with pytest.raises(GameFileError, match=r"game\.z8 is not a Z-machine version 8 story"):
         fix_serial(not_a_story)
     assert not_a_story.read_bytes() == b"PK\x03\x04" + bytes(100)
 

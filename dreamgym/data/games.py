@@ -195,10 +195,9 @@ def compile_in_process(spec: GameSpec, output: Path, parser: argparse.ArgumentPa
 
 
 def fix_serial(story: Path) -> None:
-    """Overwrite the compile date in a Z-machine story's header with `STORY_SERIAL`."""
-    data = bytearray(story.read_bytes())
-    if not (len(data) >= 0x40 and 1 <= data[0] <= 8):
-        raise GameGenerationError(f"{story.name} is not a Z-machine story (version byte {data[:1].hex() or 'missing'})")
+    """Overwrite the compile date in a Z-machine story's header with `STORY_SERIAL`, once the
+    story passes the checks a game is played with (`check_game_file`)."""
+    data = bytearray(check_game_file(story).read_bytes())
     data[_SERIAL_AT] = STORY_SERIAL
     story.write_bytes(bytes(data))
 
