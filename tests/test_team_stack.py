@@ -141,15 +141,19 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
 
     with _prefect(stack):
         flow_run = run_deployment(DEPLOYMENT, parameters={"params": "params.yaml", "overrides": OVERRIDES}, timeout=0)
-        # Kill MLflow (SIGKILL, as a crash) once the buffer is filled, and start it again: the
-        # rest of the run talks to the restarted server through its clients' retries.
+        # Kill MLflow (SIGKILL, as a crash) between the stages' MLflow calls, while the run builds
+        # the experience model's examples (a task that reads the buffer, not MLflow), and start it
+        # again: the rest of the run talks to the restarted server through its clients' retries.
+        # A kill right after a task, as this test first did, could land inside the flow's next
+        # MLflow call and cut its answer short, which no client retries (infra/README.md).
         deadline = time.monotonic() + 600
-        while _task_state("upsert-buffer") != "Completed":
+        while (building := _task_state("build-examples")) != "Running":
             state = _flow_run(flow_run.id).state
-            assert not state.is_final() and time.monotonic() < deadline, (
-                f"the run did not reach the buffer: {state.name} {state.message or ''}\n{_logs_tail(stack)}"
+            assert building is None and not state.is_final() and time.monotonic() < deadline, (
+                f"the run did not reach build-examples while it ran ({building}): {state.name} "
+                f"{state.message or ''}\n{_logs_tail(stack)}"
             )
-            time.sleep(2)
+            time.sleep(0.25)
         stack.stop("mlflow", kill=True)
         time.sleep(2)
         stack.start("mlflow")
