@@ -3,7 +3,8 @@ every step that carries out a clause of the task (slicing the carrot because the
 `slice the carrot`), the policy chooses greedily under the task as it is and under each
 counterfactual task of the domain (`dice the carrot`: `Domain.task_variants`, dreamgym/domain.py).
 A policy that reads follows the changed clause; one that recalls its training games does what the
-game's own recipe asked.
+game's own recipe asked. Where the domain changes another ingredient's clause instead (`another's
+changed`), the step's action stays the same: a policy that reads which clause is whose keeps it.
 
     .venv/bin/python benchmarks/recipe_reading.py outputs/policy/bc-*/bc/model data/games/train \
         --json benchmarks/results/recipe-reading-DATE.json
@@ -46,7 +47,11 @@ def read_along_the_expert(policy: Policy, game: Path, domain_name: str, max_step
             variants = domain.task_variants(task.instruction, expert)
             if variants:  # the step carries out a clause of the task
                 available = set(parse_state(state).actions)
-                changed = [(text, action, "changed") for text, action in variants if action in available]
+                changed = [
+                    (text, action, "changed" if action != expert else "another's changed")
+                    for text, action in variants
+                    if action in available
+                ]
                 asks = [(task.instruction, expert, "as asked"), *changed]
                 observations = [Observation(text, tuple(taken), state, tuple(left)) for text, _, _ in asks]
                 for (_, wanted, how), decision in zip(asks, policy.act(observations, greedy=True), strict=True):

@@ -582,12 +582,14 @@ class PolicyConfig:
     domain: Annotated[
         Literal["textworld-cooking", "none"],
         _help(
-            "The environment's rules behind BC's counterfactual tasks (dreamgym/domain.py): a step that "
-            "carries out a clause of its task is also shown with that clause changed, labelled with the "
-            "action the changed task asks for, so that the policy must read its task instead of recalling "
-            "its training games (dreamgym/policy/bc.py); 'none': the steps as they are "
-            "(benchmarks/results/, 2026-11-26).",
-            part="examples",
+            "The environment's rules the policy uses (dreamgym/domain.py): which objects a task asks "
+            "for, named obj1, obj2 in its order from the first step (dreamgym/policy/view.py), and BC's "
+            "counterfactual tasks: a step that carries out a clause of its task is also shown with that "
+            "clause changed, labelled with the action the changed task asks for, so that the policy must "
+            "read its task instead of recalling its training games (dreamgym/policy/bc.py); 'none': "
+            "objects numbered as the state shows them, the steps as they are (benchmarks/results/, "
+            "2026-11-26 and 2026-11-27).",
+            part="prompt",
         ),
     ] = "textworld-cooking"
     # Model (the same fields as the experience model's, for the same trainer)

@@ -48,10 +48,10 @@ class Domain(Protocol):
         ...
 
     def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
-        """Other tasks under which the step that takes `action` for `instruction` would take
-        another action: (the instruction with the one clause `action` carries out changed, the
-        action that instruction asks for instead). Behaviour cloning shows the policy the same
-        state under each (dreamgym/policy/bc.py)."""
+        """Other tasks the step that takes `action` for `instruction` could be shown under, each
+        with the action it asks for: the one clause `action` carries out changed (another action),
+        or a like clause on another object changed (the same action). Behaviour cloning shows the
+        policy the same state under each (dreamgym/policy/bc.py)."""
         ...
 
     def instruction_variants(self, instruction: str) -> tuple[str, ...]:

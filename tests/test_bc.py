@@ -12,6 +12,7 @@ import torch
 from dreamgym.config import PolicyConfig
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
 from dreamgym.evaluation import evaluate_policy
+from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import Observation, load_policy
 
@@ -85,12 +86,16 @@ def test_mistake_episodes_are_not_cloned(rows):
     )
 
 
-def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_verb(rows):
-    """Counterfactual tasks: the same prompt but for one word of the recipe, labelled with the
-    action that word asks for; the examples as asked are all still there."""
-    kept = policy_kept_names(rows, SMALL_POLICY)
-    as_asked = bc_examples(rows, SMALL_POLICY, kept)
-    examples = bc_examples(rows, dataclasses.replace(SMALL_POLICY, domain="textworld-cooking"), kept)
+def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_verb(rows, monkeypatch):
+    """Counterfactual tasks: the same prompt but for one verb of the recipe. Changed on the
+    ingredient the step prepares, the label is the action the new verb asks for; changed on the
+    other ingredient, the label stays. The examples as asked are all still there."""
+    cooking = dataclasses.replace(SMALL_POLICY, domain="textworld-cooking")
+    kept = policy_kept_names(rows, cooking)
+    examples = bc_examples(rows, cooking, kept)
+    with monkeypatch.context() as patch:  # the same view of each step, without its other tasks
+        patch.setattr(TextWorldCooking, "task_variants", lambda self, instruction, action: ())
+        as_asked = bc_examples(rows, cooking, kept)
     originals = {(e["prompt"], e["completion"]) for e in as_asked}
     added = [e for e in examples if (e["prompt"], e["completion"]) not in originals]
     assert added and len(examples) == len(as_asked) + len(added)
@@ -99,15 +104,24 @@ def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_ver
         by_rest.setdefault(e["prompt"].split("\n", 1)[1], []).append(e)
     verbs = {"slice", "chop", "dice", "fry", "roast", "grill"}
 
-    def changed_words(a: str, b: str) -> list[tuple[str, str]]:
-        return [(x, y) for x, y in zip(a.split(), b.split(), strict=True) if x != y]
+    def changed_words(a: str, b: str) -> list[tuple[int, str, str]]:
+        return [(i, x, y) for i, (x, y) in enumerate(zip(a.split(), b.split(), strict=True)) if x != y]
 
+    relabelled, kept_label = 0, 0
     for e in added:
         task, rest = e["prompt"].split("\n", 1)
         twin = next(o for o in by_rest[rest] if len(changed_words(o["prompt"], e["prompt"])) == 1)
-        [(old, new)] = changed_words(twin["prompt"], e["prompt"])
+        [(at, old, new)] = changed_words(twin["prompt"], e["prompt"])
         assert {old, new} <= verbs and f"{new} the" in task and twin["candidates"] == e["candidates"]
-        assert e["completion"] != twin["completion"] and e["candidates"][e["label"]] == e["completion"].strip()
+        assert e["candidates"][e["label"]] == e["completion"].strip()
+        changed_item = e["prompt"].split()[at + 2].rstrip(";.")  # `dice the obj1;`
+        if changed_item in twin["completion"].split():  # the step prepares the item whose verb changed
+            assert e["completion"] != twin["completion"] and changed_item in e["completion"].split()
+            relabelled += 1
+        else:
+            assert e["completion"] == twin["completion"]
+            kept_label += 1
+    assert relabelled and kept_label
     assert {e["completion"].split()[0] for e in added} >= {"slice", "chop", "dice", "cook"}
 
 

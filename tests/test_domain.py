@@ -99,15 +99,21 @@ def test_a_task_asks_for_its_recipes_ingredients():
     assert cooking.task_objects(written) == ("carrot",)
 
 
-def test_a_step_that_carries_out_a_direction_has_a_task_for_each_other_verb_of_its_family():
+def test_a_step_that_carries_out_a_direction_has_a_task_for_each_other_verb_of_its_family_and_of_the_others():
     cooking = TextWorldCooking()
     task = (
         "Recipe: ingredients: red hot pepper, block of cheese. directions: slice the red hot pepper; "
         "dice the block of cheese; fry the red hot pepper; prepare meal."
     )
-    cut = dict((action, changed) for changed, action in cooking.task_variants(task, "slice red hot pepper with knife"))
+    slicing = cooking.task_variants(task, "slice red hot pepper with knife")
+    cut = dict((action, changed) for changed, action in slicing[:2])
     assert set(cut) == {"chop red hot pepper with knife", "dice red hot pepper with knife"}
     assert cut["dice red hot pepper with knife"] == task.replace("slice the red hot pepper", "dice the red hot pepper")
+    # then the other ingredient's cutting verb changed: the same step, the same action
+    assert slicing[2:] == (
+        (task.replace("dice the block of cheese", "slice the block of cheese"), "slice red hot pepper with knife"),
+        (task.replace("dice the block of cheese", "chop the block of cheese"), "slice red hot pepper with knife"),
+    )
     cook = dict((action, changed) for changed, action in cooking.task_variants(task, "cook red hot pepper with stove"))
     assert cook == {
         "cook red hot pepper with oven": task.replace("fry the", "roast the"),

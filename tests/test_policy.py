@@ -340,6 +340,15 @@ def test_save_and_load_round_trip(model, tokenizer, tmp_path):
     )  # history 1 after loading
 
 
+def test_a_policy_saved_before_the_domain_named_its_task_objects_keeps_its_prompt(model, tokenizer, tmp_path):
+    path = make_policy(model, tokenizer, domain="textworld-cooking").save(tmp_path / "policy")
+    assert load_policy(path).config.domain == "textworld-cooking"
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    del settings["domain"]  # as policies trained before 2026-11-27 were saved
+    (path / SETTINGS_FILE).write_text(json.dumps(settings))
+    assert load_policy(path, dataclasses.replace(CONFIG, domain="textworld-cooking")).config.domain == "none"
+
+
 def test_save_without_value_head_loads_without_one(model, tokenizer, tmp_path):
     path = make_policy(model, tokenizer).save(tmp_path / "plain")
     assert not (path / VALUE_HEAD_FILE).exists()
@@ -397,6 +406,22 @@ def test_objects_the_task_names_come_first_in_its_order_and_the_others_after():
         policy_input(RECIPE.replace("purple potato", "green zucchini"), [], unseen, 2, KEPT).prompt
         == policy_input(RECIPE, [], PANTRY, 2, KEPT).prompt
     )
+
+
+def test_the_objects_the_task_asks_for_keep_their_numbers_before_the_state_shows_them():
+    # only the recipe's second ingredient is in sight: still obj2, and the first, unseen, is obj1
+    shelf = (
+        "location: pantry\nvisible: red apple (on shelf); shelf\ninventory: knife\nactions: take red apple from shelf"
+    )
+    asked = ("purple potato", "red apple")
+    view = policy_input(RECIPE, [], shelf, 2, KEPT, task_objects=asked)
+    assert view.prompt.startswith("task: Recipe: ingredients: obj1, obj2. directions: roast the obj1; prepare meal.")
+    assert view.candidates == ("take obj2 from shelf",)
+    # the same numbers once both are in sight, so a food's number never changes within an episode
+    assert object_placeholders(KEPT, RECIPE, PANTRY, asked) == object_placeholders(KEPT, RECIPE, PANTRY)
+    # numbered by what the state shows alone (a domain that names no task objects), the one in
+    # sight would be obj1 and the recipe would keep the other's real name
+    assert object_placeholders(KEPT, RECIPE, shelf) == {"red apple": "obj1"}
 
 
 def test_without_placeholders_the_view_is_the_real_text():

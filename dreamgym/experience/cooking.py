@@ -71,6 +71,12 @@ def _says(text: str, verb: str, item: str) -> re.Match | None:
     return whole_word(f"{verb} the {item}").search(text)
 
 
+def _rewrite(instruction: str, changes: dict[str, str]) -> str:
+    """`instruction` with each phrase of `changes` ("verb the item") replaced, all at once."""
+    pattern = re.compile("|".join(whole_word(old).pattern for old in changes))
+    return pattern.sub(lambda found: changes[found[0]], instruction)
+
+
 def _tool(template: str) -> str:
     """What a direction's action does its work with: ` with knife` of `slice {} with knife`."""
     return template.split("{}")[1]
@@ -130,16 +136,29 @@ class TextWorldCooking:
     def task_variants(self, instruction: str, action: str) -> tuple[tuple[str, str], ...]:
         """For an action that carries out a direction of the recipe (`dice carrot with knife` under
         `dice the carrot`), the recipe with that direction's verb replaced by each other verb of its
-        family that the recipe does not already use on the item, and the action that one asks for."""
+        family that the recipe does not already use on the item, and the action that one asks for;
+        then the recipe with another ingredient's direction of that family changed the same way,
+        which asks for the same action (what the recipe says of the pepper does not change how the
+        carrot is cut)."""
         carried = _direction_of(action)
         direction = carried and _says(instruction, carried[0], carried[1])
         if not direction:
             return ()
+        _, item, family = carried
         head, tail = instruction[: direction.start()], instruction[direction.end() :]
-        return tuple(
-            (f"{head}{other} the {carried[1]}{tail}", other_action)
-            for other, other_action in _unasked(instruction, action)
+        changed = tuple(
+            (f"{head}{other} the {item}{tail}", other_action) for other, other_action in _unasked(instruction, action)
         )
+        directions = self._directions(instruction)
+        asked = {(verb, thing) for verb, thing, _ in directions}
+        elsewhere = tuple(
+            (_rewrite(instruction, {f"{verb} the {thing}": f"{other} the {thing}"}), action)
+            for verb, thing, its_family in directions
+            if its_family is family and thing != item
+            for other in family
+            if (other, thing) not in asked
+        )
+        return changed + elsewhere
 
     def mistakes(self, instruction: str, action: str) -> tuple[str, ...]:
         """For an action that prepares an item (`dice carrot with knife`), the others of its family
@@ -164,15 +183,11 @@ class TextWorldCooking:
         tools = {_tool(family[verb]) for verb, _, family in directions}
         asked = {(verb, item) for verb, item, _ in directions}
 
-        def rewrite(changes: dict[str, str]) -> str:  # "verb the item" -> "verb' the item"
-            pattern = re.compile("|".join(whole_word(old).pattern for old in changes))
-            return pattern.sub(lambda found: changes[found[0]], instruction)
-
         variants: list[str] = []
         for verb, item, family in directions:
             for other, template in family.items():
                 if other != verb and _tool(template) in tools and (other, item) not in asked:
-                    variants.append(rewrite({f"{verb} the {item}": f"{other} the {item}"}))
+                    variants.append(_rewrite(instruction, {f"{verb} the {item}": f"{other} the {item}"}))
         for (verb, item, family), (other, other_item, other_family) in itertools.combinations(directions, 2):
             swappable = family is other_family and verb != other and item != other_item
             if swappable and (other, item) not in asked and (verb, other_item) not in asked:
@@ -180,5 +195,5 @@ class TextWorldCooking:
                     f"{verb} the {item}": f"{other} the {item}",
                     f"{other} the {other_item}": f"{verb} the {other_item}",
                 }
-                variants.append(rewrite(swapped))
+                variants.append(_rewrite(instruction, swapped))
         return tuple(dict.fromkeys(variant for variant in variants if variant != instruction))

@@ -19,7 +19,10 @@ Counterfactual tasks (`policy.domain`): a step that carries out a clause of its 
 carrot because the recipe says `slice the carrot`) is also an example under the same task with
 that clause changed (`dice the carrot`), labelled with the action the changed task asks for (`dice
 carrot with knife`); the domain (dreamgym/domain.py) knows which clauses can change and what they
-ask for. Why: a policy can fit its training games without reading the recipe. The 12-epoch BC of
+ask for. It is also shown with another ingredient's clause of that kind changed (`slice the
+pepper` -> `chop the pepper`), labelled with the same action: what the recipe asks of the pepper
+does not change how the carrot is cut. Why: a policy can fit its training games without reading the
+recipe, and one that reads it can still take the wrong ingredient's clause. The 12-epoch BC of
 2026-11-26 (without them) won 92.5% of its training games, yet on those games, with one recipe verb
 changed at the step that carries it out, it followed the new verb at 42 of 58 cooking steps and 55
 of 116 cutting ones (benchmarks/recipe_reading.py): it recalled each game.
@@ -125,6 +128,7 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
                     kept,
                     list_actions=config.mode == "generate",
                     past_states=states if config.avoid_repeats else None,
+                    task_objects=domain.task_objects(instruction),
                 )
                 if action in view.actions:
                     examples.append(

@@ -38,6 +38,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dreamgym.config import PolicyConfig, config_part
+from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_model
 from dreamgym.policy.view import PolicyInput, policy_input
@@ -120,6 +121,7 @@ class Policy(nn.Module):
         self.value_head = value_head
         self.kept_names = kept_names if config.placeholders else None
         self._token_cache: dict[tuple[str, bool], list[int]] = {}
+        self.domain = named_domain(config.domain)
 
     def view(self, observation: Observation) -> PolicyInput:
         """The prompt and candidate texts of one observation, as behaviour cloning made them."""
@@ -131,6 +133,7 @@ class Policy(nn.Module):
             self.kept_names,
             list_actions=self.config.mode == "generate",
             past_states=observation.past_states if self.config.avoid_repeats else None,
+            task_objects=self.domain.task_objects(observation.instruction),
         )
 
     @property
@@ -405,6 +408,7 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     values = json.loads((path / SETTINGS_FILE).read_text()) if (path / SETTINGS_FILE).is_file() else {}
     values.setdefault("placeholders", False)  # saved before placeholders existed: real names
     values.setdefault("avoid_repeats", False)  # saved before it existed: trained on every candidate
+    values.setdefault("domain", "none")  # saved before the domain named the task's objects in the prompt
     settings = dataclasses.replace(config or PolicyConfig(), **values)
     kept = None
     if settings.placeholders:

@@ -6,8 +6,13 @@ almost none of the held-out ones (whose foods it never saw). What to do with an 
 depend on its name but on its role: named by the task or not. So, with placeholders on, every
 game-specific object the state shows is renamed in the prompt and in the candidate actions:
 
-- an object the task names becomes `obj1`, `obj2`, ... in the order the task first names them
-  (the recipe's first ingredient is always `obj1` once the policy has seen it);
+- an object the task names becomes `obj1`, `obj2`, ... in the order the task first names them;
+  the objects the task asks for (`policy.domain`'s `task_objects`: the recipe's ingredients) are
+  numbered so from the first step, seen or not, so the recipe's first ingredient is always `obj1`.
+  Numbering only what the state shows made a food's number depend on what the policy had found:
+  with the first ingredient still in the closed fridge, the second was `obj1` and the recipe read
+  `fry the yellow onion; ...; roast the obj1`, and the policy fried `obj1` (the first cooking verb
+  of the recipe), 3 of 7 lost held-out games looked at on 2026-11-27;
 - any other game-specific object becomes `other1`, `other2`, ... in the state's order.
 
 "Game-specific" is the experience model's rule (`experience.placeholders.kept_names`, learnt from
@@ -63,13 +68,17 @@ def policy_prompt(instruction: str, recent_actions: Sequence[str], state: str, l
     return f"task: {instruction}\nrecent actions: {recent}\n{state}\n{PROMPT_END}"
 
 
-def object_placeholders(kept: frozenset[str], instruction: str, state: str) -> dict[str, str]:
-    """Real name -> placeholder for the game-specific objects `state` shows (module docstring)."""
+def object_placeholders(
+    kept: frozenset[str], instruction: str, state: str, task_objects: Sequence[str] = ()
+) -> dict[str, str]:
+    """Real name -> placeholder for the objects the task asks for (`task_objects`, in its order)
+    and the game-specific objects `state` shows (module docstring)."""
     abstract = parse_state(state)
     carried = carried_names(abstract)
+    asked = [name for name in dict.fromkeys(task_objects) if name not in kept]
     names = list(dict.fromkeys(name for name in shown_names(abstract) if name in carried and name not in kept))
-    finder = Renamer({name: name for name in names})
-    in_task = list(dict.fromkeys(finder.occurrences(instruction)))
+    finder = Renamer({name: name for name in names if name not in asked})
+    in_task = asked + list(dict.fromkeys(finder.occurrences(instruction)))
     others = [name for name in names if name not in in_task]
     mapping = {name: TASK_OBJECT.format(number) for number, name in enumerate(in_task, 1)}
     mapping.update({name: OTHER_OBJECT.format(number) for number, name in enumerate(others, 1)})
@@ -112,9 +121,11 @@ def policy_input(
     kept: frozenset[str] | None,
     list_actions: bool = True,
     past_states: Sequence[str] | None = None,
+    task_objects: Sequence[str] = (),
 ) -> PolicyInput:
     """The prompt and candidates of one decision: the last `history` actions taken, and with
-    `kept` (placeholders on) every other game-specific object renamed. With `past_states` (the
+    `kept` (placeholders on) every game-specific object renamed, the objects the task asks for
+    (`task_objects`, real names in the task's order) first. With `past_states` (the
     state each of `recent_actions` was taken from: `avoid_repeats` on) the candidates are the
     actions taken least often from `state` (module docstring)."""
     recent = list(recent_actions[-history:]) if history else []
@@ -123,7 +134,7 @@ def policy_input(
         actions = least_tried(actions, state, past_states, recent_actions)
     if kept is None:
         return PolicyInput(policy_prompt(instruction, recent, state, list_actions), tuple(actions), tuple(actions), {})
-    mapping = object_placeholders(kept, instruction, state)
+    mapping = object_placeholders(kept, instruction, state, task_objects)
     renamer = Renamer(mapping)
     prompt = policy_prompt(
         renamer.text(instruction), [renamer.text(action) for action in recent], renamer.state(state), list_actions
