@@ -4,11 +4,11 @@ table `dreamgym eval` writes beside its report; and the wins by the recipe's num
     .venv/bin/dreamgym eval --policy <model> --games <games> --json <report>.json
     .venv/bin/python benchmarks/recipe_mistakes.py <games> <report>.episodes.csv [...]
 
-A cooking move is checked against the recipe's directions (`fry` = stove, `roast` = oven, `grill`
-= BBQ; `slice`, `chop`, `dice` with the knife); a cut that the recipe asks of the *other*
-ingredient is counted apart: it is the policy reading the wrong clause. Unlike
-benchmarks/policy_failures.py this replays nothing: it reads what the evaluation played.
-A measurement, not a test.
+A cooking or cutting move is checked against the recipe's directions as the domain reads them
+(`experience/cooking.py`: `fry` = cook with the stove, `slice` = slice with the knife, ...); a cut
+that the recipe asks of the *other* ingredient is counted apart: it is the policy reading the wrong
+clause. Unlike benchmarks/policy_failures.py this replays nothing: it reads what the evaluation
+played. A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -16,41 +16,34 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import re
 from collections import Counter
 from pathlib import Path
 
-COOKING_VERB = {"stove": "fry", "oven": "roast", "bbq": "grill"}
-CLAUSE = re.compile(r"(\w+) the (.+)$")
-COOK = re.compile(r"cook (.+) with (\w+)$")
-CUT = re.compile(r"(slice|chop|dice) (.+) with knife$")
+from dreamgym.envs.textworld_env import load_task
+from dreamgym.experience.cooking import TextWorldCooking, direction_of
+
+COOKING = TextWorldCooking()
 
 
-def recipe(game_json: Path) -> dict[str, set[str]]:
+def recipe(game: Path) -> dict[str, set[str]]:
     """Each ingredient of the game's recipe, with the verbs its directions ask of it."""
-    goal = json.loads(game_json.read_text())["metadata"]["goal"]
-    listed, directions = goal.split("Directions:")
-    needs = {line.strip(): set() for line in listed.split("Ingredients:")[1].splitlines() if line.strip()}
-    for line in directions.splitlines():
-        clause = CLAUSE.match(line.strip())
-        if clause and clause.group(2) in needs:
-            needs[clause.group(2)].add(clause.group(1))
+    instruction = load_task(game).instruction
+    needs = {item: set() for item in COOKING.task_objects(instruction)}
+    for verb, item, _ in COOKING.directions(instruction):
+        needs[item].add(verb)
     return needs
 
 
 def first_mistake(actions: list[str], needs: dict[str, set[str]], truncated: bool) -> str:
     for action in actions:
-        if cook := COOK.match(action):
-            item, appliance = cook.groups()
+        if carried := direction_of(action):
+            verb, item, family = carried
+            cooks = family[verb].startswith("cook ")
             if item not in needs:
-                return "cooks what the recipe does not list"
-            if COOKING_VERB.get(appliance.lower()) not in needs[item]:
-                return "wrong cooking"
-        if cut := CUT.match(action):
-            verb, item = cut.groups()
-            if item not in needs:
-                return "cuts what the recipe does not list"
+                return "cooks what the recipe does not list" if cooks else "cuts what the recipe does not list"
             if verb not in needs[item]:
+                if cooks:
+                    return "wrong cooking"
                 others = [name for name, verbs in needs.items() if name != item and verb in verbs]
                 return "the other ingredient's cut" if others else "wrong cut"
         if action.startswith("eat ") and action != "eat meal":
@@ -62,7 +55,7 @@ def summarise(games: Path, table: Path) -> dict:
     rows = list(csv.DictReader(table.open()))
     played, won, mistakes = Counter(), Counter(), Counter()
     for row in rows:
-        needs = recipe(games / Path(row["game"]).with_suffix(".json").name)
+        needs = recipe(games / Path(row["game"]).name)
         played[len(needs)] += 1
         if row["won"] == "True":
             won[len(needs)] += 1

@@ -40,7 +40,7 @@ _DIRECTION_FAMILIES = (
 )
 
 
-def _direction_of(action: str) -> tuple[str, str, dict[str, str]] | None:
+def direction_of(action: str) -> tuple[str, str, dict[str, str]] | None:
     """(verb, item, family) of the direction `action` would carry out: `dice carrot with knife` is
     `dice the carrot`; None for an action that prepares nothing."""
     for family in _DIRECTION_FAMILIES:
@@ -55,7 +55,7 @@ def _unasked(instruction: str, action: str) -> list[tuple[str, str]]:
     """(verb, action) of each other direction of the family `action` belongs to that `instruction`
     does not ask for on the same item: `chop …` and `dice …` for `slice carrot with knife` under a
     recipe that only slices the carrot."""
-    carried = _direction_of(action)
+    carried = direction_of(action)
     if carried is None:
         return []
     verb, item, family = carried
@@ -99,7 +99,7 @@ class TextWorldCooking:
         said = "; ".join(task_mentions(instruction, name))
         others = set(action.split()) - set(name.split())
         words = {word for word in others if whole_word(word).search(said)}
-        carried = _direction_of(action)
+        carried = direction_of(action)
         if carried is not None and _says(said, carried[0], carried[1]):
             words.add(carried[0])
         return bool(said), frozenset(words)
@@ -140,7 +140,7 @@ class TextWorldCooking:
         then the recipe with another ingredient's direction of that family changed the same way,
         which asks for the same action (what the recipe says of the pepper does not change how the
         carrot is cut)."""
-        carried = _direction_of(action)
+        carried = direction_of(action)
         direction = carried and _says(instruction, carried[0], carried[1])
         if not direction:
             return ()
@@ -149,7 +149,7 @@ class TextWorldCooking:
         changed = tuple(
             (f"{head}{other} the {item}{tail}", other_action) for other, other_action in _unasked(instruction, action)
         )
-        directions = self._directions(instruction)
+        directions = self.directions(instruction)
         asked = {(verb, thing) for verb, thing, _ in directions}
         elsewhere = tuple(
             (_rewrite(instruction, {f"{verb} the {thing}": f"{other} the {thing}"}), action)
@@ -165,7 +165,7 @@ class TextWorldCooking:
         that the recipe does not ask for on that item (`slice …`, `chop …`): each loses the game."""
         return tuple(other_action for _, other_action in _unasked(instruction, action))
 
-    def _directions(self, instruction: str) -> list[tuple[str, str, dict[str, str]]]:
+    def directions(self, instruction: str) -> list[tuple[str, str, dict[str, str]]]:
         """(verb, ingredient, its family) of each direction of the recipe on an ingredient."""
         return [
             (verb, item, family)
@@ -179,7 +179,7 @@ class TextWorldCooking:
         """The recipe with one direction's verb changed to another of its family whose tool the
         recipe already needs, and with two ingredients' verbs of one family swapped; each once,
         in the recipe's order."""
-        directions = self._directions(instruction)
+        directions = self.directions(instruction)
         tools = {_tool(family[verb]) for verb, _, family in directions}
         asked = {(verb, item) for verb, item, _ in directions}
 
