@@ -149,14 +149,11 @@ class TextWorldCooking:
         changed = tuple(
             (f"{head}{other} the {item}{tail}", other_action) for other, other_action in _unasked(instruction, action)
         )
-        directions = self.directions(instruction)
-        asked = {(verb, thing) for verb, thing, _ in directions}
         elsewhere = tuple(
             (_rewrite(instruction, {f"{verb} the {thing}": f"{other} the {thing}"}), action)
-            for verb, thing, its_family in directions
+            for verb, thing, its_family in self.directions(instruction)
             if its_family is family and thing != item
-            for other in family
-            if (other, thing) not in asked
+            for other, _ in _unasked(instruction, family[verb].format(thing))
         )
         return changed + elsewhere
 
