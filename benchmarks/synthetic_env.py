@@ -15,7 +15,10 @@ With `--policy`, also the RL inner loop as GRPO runs it: for each batch size B, 
 played by groups of 4 rollouts (rl.group_size) with that policy sampling at temperature 1, to
 the end of the episodes (rl.max_steps at most); synthetic transitions/s counts the DreamEnv steps
 and their time only (the policy's choices are timed apart). Rollouts of a group start from one state and often take the
-same first moves, which the experience model then predicts once.
+same first moves, which the experience model then predicts once. Then the same rollouts as the
+pipeline steps DreamEnv by default (rl.recall_real, dreamgym/envs/recall.py): the steps the
+training data recorded get the game's outcome without the model; reported as all DreamEnv
+steps/s, with the share recalled.
 
 `--log` writes short rollouts for reading: a real successful episode of a training game and one of
 a held-out game (outputs/experience/fidelity_real.parquet, made by the train-experience flow)
@@ -38,6 +41,7 @@ from common import machine, model_setup
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv, step_together
+from dreamgym.envs.recall import RecallingDynamics
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.experience.format import state_delta
 from dreamgym.experience.generate import open_experience_model
@@ -76,8 +80,10 @@ def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict
     }
 
 
-def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, group: int = 4) -> dict:
-    """DreamEnv steps/s in GRPO's rollouts: batch // group tasks, `group` rollouts each."""
+def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, group: int = 4, dynamics=None) -> dict:
+    """DreamEnv steps/s in GRPO's rollouts: batch // group tasks, `group` rollouts each. With
+    `dynamics` (a RecallingDynamics around `experience`), the envs step with it: `per_s` counts the
+    model's steps, `steps_per_s` all DreamEnv steps, recalled ones included."""
     import torch
 
     import dreamgym.rl.rollout as rollout
@@ -92,7 +98,7 @@ def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, g
             timed[0] += time.perf_counter() - started
 
     slots = [tasks[(seed * batch + n // group) % len(tasks)] for n in range(batch)]
-    envs = [DreamEnv(experience, max_steps=steps, slot=slot, record=False) for slot in range(len(slots))]
+    envs = [DreamEnv(dynamics or experience, max_steps=steps, slot=slot, record=False) for slot in range(len(slots))]
     rollout._step = timed_step
     forget_encodings(experience)
     try:
@@ -101,12 +107,14 @@ def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, g
         total = time.perf_counter() - started
     finally:
         rollout._step = step
-    predicted = sum(env.model_steps for env in envs)
+    predicted, recalled = sum(env.model_steps for env in envs), sum(env.recalled_steps for env in envs)
     return {
         "transitions": predicted,
+        "recalled": recalled,
         "env_seconds": timed[0],
         "policy_seconds": total - timed[0],
         "per_s": predicted / timed[0],
+        "steps_per_s": (predicted + recalled) / timed[0],
         "failures": sum(env.failures for env in envs),
     }
 
@@ -237,6 +245,34 @@ def main() -> None:
                     f"{report['grouped'][batch]['transitions_per_s']:.2f} synthetic transitions/s",
                     flush=True,
                 )
+            # As the pipeline steps DreamEnv by default (rl.recall_real): recorded real steps replayed.
+            report["grouped_recalling"] = {}
+            for batch in (b for b in args.batches if b >= 4):
+                runs = [
+                    grouped_rate(
+                        experience,
+                        policy,
+                        tasks,
+                        batch,
+                        config.rl.max_steps,
+                        seed,
+                        dynamics=RecallingDynamics(experience, rows),
+                    )
+                    for seed in range(args.repeats)
+                ]
+                recalled = sum(r["recalled"] for r in runs) / max(
+                    1, sum(r["recalled"] + r["transitions"] for r in runs)
+                )
+                report["grouped_recalling"][batch] = {
+                    "steps_per_s": statistics.median(run["steps_per_s"] for run in runs),
+                    "recalled_share": recalled,
+                    "runs": runs,
+                }
+                print(
+                    f"batch {batch:3d}, GRPO groups of 4, recorded real steps recalled ({recalled:.0%}): "
+                    f"{report['grouped_recalling'][batch]['steps_per_s']:.2f} DreamEnv steps/s",
+                    flush=True,
+                )
         if args.log:
             args.log.parent.mkdir(parents=True, exist_ok=True)
             held_out = read_transitions(
@@ -257,7 +293,12 @@ def main() -> None:
     if 1 in rates:
         report["speedup_over_batch_1"] = {b: rate / rates[1] for b, rate in rates.items()}
     print(f"real TextWorld: {report['real_steps_per_s']:.1f} steps/s")
-    print(json.dumps({k: v for k, v in report.items() if k not in ("synthetic", "grouped", "real_runs")}, indent=2))
+    print(
+        json.dumps(
+            {k: v for k, v in report.items() if k not in ("synthetic", "grouped", "grouped_recalling", "real_runs")},
+            indent=2,
+        )
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")

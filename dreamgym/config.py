@@ -686,6 +686,14 @@ class RLConfig:
         ),
     ] = 0
     write_back: Annotated[bool, _help("Write DreamEnv's synthetic transitions into the buffer.")] = True
+    recall_real: Annotated[
+        bool,
+        _help(
+            "In DreamEnv, a step that the offline real data recorded (same task, instruction, state and action, "
+            "always with one outcome) gets that recorded outcome; the experience model predicts the rest "
+            "(dreamgym/envs/recall.py). false: the model predicts every step."
+        ),
+    ] = True
 
 
 @dataclass(config=_STRICT)

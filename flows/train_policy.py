@@ -26,6 +26,7 @@ from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
+from dreamgym.envs.recall import RecallingDynamics
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.evaluation import (
     current_eval_set,
@@ -165,11 +166,19 @@ def dream_phase(config: PipelineConfig) -> PipelineConfig:
     )
 
 
-def _log_epoch(prefix: str):
+def _log_epoch(prefix: str, recalling: RecallingDynamics | None = None):
+    """Each epoch's metrics to MLflow; with `recalling`, also the share of the epoch's DreamEnv
+    steps answered from the recorded real transitions (`recalled_share`) rather than the model."""
+    before = [0, 0]  # recalled, asked: the counters at the previous epoch's end
+
     def log(metrics: dict[str, float]) -> None:
-        mlflow.log_metrics(
-            {f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"}, step=int(metrics["epoch"])
-        )
+        logged = {f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"}
+        if recalling is not None:
+            recalled, asked = recalling.recalled - before[0], recalling.asked - before[1]
+            before[:] = [recalling.recalled, recalling.asked]
+            if asked:
+                logged[f"{prefix}recalled_share"] = recalled / asked
+        mlflow.log_metrics(logged, step=int(metrics["epoch"]))
 
     return log
 
@@ -202,7 +211,8 @@ def dream_rl_task(
     from dreamgym.buffer.store import write_back
     from dreamgym.experience.generate import open_experience_model
 
-    seeds = seed_tasks(read_transitions(validated).to_pylist())
+    rows = read_transitions(validated).to_pylist()
+    seeds = seed_tasks(rows)
     label = Path(out_dir).name
     with contextlib.ExitStack() as stack:
         experience = stack.enter_context(open_experience_model(experience_dir, run_dir, config))
@@ -210,10 +220,11 @@ def dream_rl_task(
         if config.rl.write_back and database is None:
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
         curriculum = dream_curriculum(seeds, experience, config)
+        dynamics = RecallingDynamics(experience, rows) if config.rl.recall_real else experience
 
         def make_env(slot: int) -> DreamEnv:
             return DreamEnv(
-                experience,
+                dynamics,
                 config.rl.max_steps,
                 slot=slot,
                 model_version=experience_label,
@@ -247,7 +258,7 @@ def dream_rl_task(
             config.rl,
             out_dir,
             config.seed,
-            on_epoch=_log_epoch("rl_"),
+            on_epoch=_log_epoch("rl_", dynamics if isinstance(dynamics, RecallingDynamics) else None),
             on_transitions=write if config.rl.write_back else None,
             real_check=real_check,
         )

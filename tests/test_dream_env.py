@@ -18,6 +18,7 @@ from dreamgym.envs.base import EnvError
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.dream_env import DreamEnv, step_together
 from dreamgym.envs.dynamics import Completion, Prediction, Query, Step
+from dreamgym.envs.recall import RecallingDynamics
 from dreamgym.experience.examples import neighbours
 from dreamgym.experience.generate import ExperienceModel
 from dreamgym.experience.variations import (
@@ -275,3 +276,39 @@ def test_written_variations_are_checked_before_use(rows, tmp_path):
     metrics = curriculum.metrics()
     assert len(drawn) == 4 and metrics["variations_accepted"] + metrics["variations_rejected"] == 2
     assert metrics["curriculum_tasks"] == 3 + metrics["variations_accepted"]
+
+
+def test_recalled_steps_replay_the_real_game_and_the_model_predicts_the_rest(experience, rows, first_episode, task):
+    """rl.recall_real: a step the real data recorded gets the game's outcome, is counted apart from
+    the model's steps and is not written back; any other step is the model's prediction."""
+    recalling = RecallingDynamics(experience, rows)
+    env = DreamEnv(recalling, max_steps=len(first_episode) + 1)
+    observation, _ = env.reset(task)
+    for row in first_episode:
+        observation, reward, terminated, _, info = env.step(row["action"])
+        assert (observation, reward, terminated) == (row["next_state"], row["reward"], row["terminated"])
+    assert info["won"] == first_episode[-1]["won"]
+    assert (env.recalled_steps, env.model_steps, recalling.recalled) == (len(first_episode), 0, len(first_episode))
+    assert env.take_transitions() == []  # real rows already: nothing synthetic to write back
+
+    start = parse_state(first_episode[0]["state"])
+    recorded = {row["action"] for row in rows if row["task_id"] == task.task_id and parse_state(row["state"]) == start}
+    unrecorded = next(action for action in start.actions if action not in recorded)
+    query = Query(task.instruction, start, unrecorded, (), None, task.task_id)
+    [expected] = experience.predict([query])
+    [answered] = recalling.predict([query])
+    assert not answered.recalled and answered == expected
+
+
+def test_a_step_is_recalled_only_in_its_own_task_and_when_the_record_has_one_outcome(experience, rows, task):
+    row = next(r for r in rows if r["task_id"] == task.task_id)
+    query = Query(row["instruction"], parse_state(row["state"]), row["action"], (), None, task.task_id)
+    other_outcome = next(r["next_state"] for r in rows if r["next_state"] != row["next_state"])
+    [known] = RecallingDynamics(experience, [row]).predict([query])
+    assert known.recalled and known.completion.next_state == parse_state(row["next_state"])
+    # Another game with the same visible state may go elsewhere: its task id must match.
+    [elsewhere] = RecallingDynamics(experience, [row]).predict([dataclasses.replace(query, task_id="another-game")])
+    # A hidden state (what a closed container holds) can give one visible step two outcomes.
+    ambiguous = RecallingDynamics(experience, [row, row | {"next_state": other_outcome}])
+    [undecided] = ambiguous.predict([query])
+    assert not elsewhere.recalled and not undecided.recalled and ambiguous.ambiguous == 1

@@ -220,6 +220,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
         "rl_success_rate",
         "rl_synthetic_transitions",
         "rl_curriculum_entropy",
+        "rl_recalled_share",  # rl.recall_real: DreamEnv's steps the real data recorded
     } <= set(run.data.metrics)
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
     assert any(path.endswith("learning_curves.png") for path in artifacts)

@@ -15,6 +15,10 @@ changes nothing, earns nothing and does not end the episode, and says so: `info[
 holds the parser's reason and `failures` counts them, so that RL code can leave such steps out of
 its losses and metrics can report them. Nothing is made up in their place.
 
+Dynamics may answer a step with the outcome the real game gave it before (`dreamgym.envs.recall`,
+rl.recall_real): such a step counts in `recalled_steps`, not `model_steps`, and is not written
+back as synthetic (it is a real row already).
+
 `step_together` steps many environments that share one experience model with one batched model
 call: a group of G rollouts costs one generation per step, not G.
 """
@@ -71,6 +75,7 @@ class DreamEnv:
         self.model_version, self.policy, self.run_id, self.record = model_version, policy, run_id, record
         self.failures = 0  # steps whose prediction did not parse, over this env's life
         self.model_steps = 0  # steps the model predicted (failures included)
+        self.recalled_steps = 0  # steps answered with a recorded real outcome (`dreamgym.envs.recall`)
         self._episode: _Episode | None = None
         self._episodes = 0
         self._recorded: list[dict] = []
@@ -126,6 +131,7 @@ class DreamEnv:
             action=action,
             history=tuple(episode.history[-self.model.history :]) if self.model.history else (),
             trajectory_id=episode.trajectory_id,
+            task_id=episode.task.task_id,
         )
 
     def _advance(
@@ -232,7 +238,10 @@ def step_together(envs: Sequence[DreamEnv], actions: Sequence[str]) -> list[Step
         if prediction is None:  # not an available action: nothing happens
             results.append(env._advance(action, episode.state, 0.0, False, None, predicted=False))
             continue
-        env.model_steps += 1
+        if prediction.recalled:
+            env.recalled_steps += 1
+        else:
+            env.model_steps += 1
         if not prediction.ok:
             env.failures += 1
             results.append(env._advance(action, episode.state, 0.0, False, prediction.error, predicted=False))
@@ -245,7 +254,7 @@ def step_together(envs: Sequence[DreamEnv], actions: Sequence[str]) -> list[Step
                 completion.reward,
                 completion.done,
                 None,
-                predicted=True,
+                predicted=not prediction.recalled,  # a recalled step is real data already: not written back
                 reasoning=completion.reasoning,
             )
         )

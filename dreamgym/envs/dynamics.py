@@ -3,8 +3,8 @@
 DreamEnv asks, for a batch of (task, recent history, state, action) queries, what happens next:
 the next abstract state, the reward, whether the episode ends, and optionally the reasoning that
 led there. The experience model (`dreamgym.experience.generate.ExperienceModel`) is one such
-model; anything else that answers the same questions (another model, a served one, a table of
-known transitions in a test) drives DreamEnv unchanged.
+model; anything else that answers the same questions (another model, a served one, the real
+transitions already recorded: `dreamgym.envs.recall`) drives DreamEnv unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Query:
     action: str
     history: tuple[Step, ...] = ()
     trajectory_id: str | None = None  # a model with a memory never recalls the query's own trajectory
+    task_id: str | None = None  # the task (game) being played: the real outcome of a step depends on it
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Prediction:
     text: str  # the model's last raw answer
     attempts: int
     error: str | None = None  # why the last attempt was not usable
+    recalled: bool = False  # a recorded real outcome, not the model's (`dreamgym.envs.recall`)
 
     @property
     def ok(self) -> bool:
