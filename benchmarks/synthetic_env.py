@@ -247,6 +247,7 @@ def main() -> None:
                 )
             # As the pipeline steps DreamEnv by default (rl.recall_real): recorded real steps replayed.
             report["grouped_recalling"] = {}
+            recalling = RecallingDynamics(experience, rows)  # its lookup table, built once
             for batch in (b for b in args.batches if b >= 4):
                 runs = [
                     grouped_rate(
@@ -256,7 +257,7 @@ def main() -> None:
                         batch,
                         config.rl.max_steps,
                         seed,
-                        dynamics=RecallingDynamics(experience, rows),
+                        dynamics=recalling,
                     )
                     for seed in range(args.repeats)
                 ]

@@ -220,7 +220,8 @@ def dream_rl_task(
         if config.rl.write_back and database is None:
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
         curriculum = dream_curriculum(seeds, experience, config)
-        dynamics = RecallingDynamics(experience, rows) if config.rl.recall_real else experience
+        recalling = RecallingDynamics(experience, rows) if config.rl.recall_real else None
+        dynamics = recalling or experience
 
         def make_env(slot: int) -> DreamEnv:
             return DreamEnv(
@@ -258,7 +259,7 @@ def dream_rl_task(
             config.rl,
             out_dir,
             config.seed,
-            on_epoch=_log_epoch("rl_", dynamics if isinstance(dynamics, RecallingDynamics) else None),
+            on_epoch=_log_epoch("rl_", recalling),
             on_transitions=write if config.rl.write_back else None,
             real_check=real_check,
         )

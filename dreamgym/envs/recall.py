@@ -62,7 +62,3 @@ class RecallingDynamics:
         self.asked += len(queries)
         self.recalled += len(queries) - len(unknown)
         return answers  # type: ignore[return-value] - every slot is filled
-
-    @property
-    def recalled_share(self) -> float:
-        return self.recalled / self.asked if self.asked else 0.0
