@@ -281,6 +281,15 @@ class ExperienceConfig:
             part="prompt",
         ),
     ] = True
+    remember_places: Annotated[
+        bool,
+        _help(
+            "With learnt_actions: a move back into a place the episode has been shows it as the episode "
+            "last saw it, with what the player carries now (experience/places.py), instead of the "
+            "model's guess; the reward and the end stay the model's.",
+            part="generation",
+        ),
+    ] = True
     synthetic_neighbours: Annotated[
         bool,
         _help(

@@ -43,6 +43,7 @@ class _Episode:
     trajectory_id: str
     state: AbstractState
     history: list[Step] = field(default_factory=list)
+    earlier: list[tuple[AbstractState, str]] = field(default_factory=list)
     steps: int = 0
     score: float = 0.0
     done: bool = False
@@ -132,6 +133,7 @@ class DreamEnv:
             history=tuple(episode.history[-self.model.history :]) if self.model.history else (),
             trajectory_id=episode.trajectory_id,
             task_id=episode.task.task_id,
+            earlier=tuple(episode.earlier),
         )
 
     def _advance(
@@ -156,6 +158,7 @@ class DreamEnv:
                 self._row(episode, state, action, next_state, reward, terminated, truncated, won, reasoning)
             )
         episode.history.append(Step(action, reward, state.location))
+        episode.earlier.append((state, action))
         episode.state = next_state
         info = self._info(failure)
         info.update(won=won, lost=terminated and not won, reasoning=reasoning)

@@ -33,6 +33,8 @@ class Query:
     history: tuple[Step, ...] = ()
     trajectory_id: str | None = None  # a model with a memory never recalls the query's own trajectory
     task_id: str | None = None  # the task (game) being played: the real outcome of a step depends on it
+    # Every earlier (state, action) of the episode, oldest first: the places it has shown.
+    earlier: tuple[tuple[AbstractState, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ import dataclasses
 import itertools
 import json
 import re
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dreamgym.experience.format import NO_CHANGE, applied, state_delta
@@ -44,6 +44,8 @@ from dreamgym.placeholders import Placeholders, carried_names
 from dreamgym.state import ITEM_SEPARATOR, AbstractState, item_name, parse_state
 
 MIN_VOTES = 2
+# A move's way back is learnt from at least this many returns, and only where every one agrees.
+MIN_RETURNS = 2
 ACTIONS_LINE = "actions: "  # a delta's actions line: entries added and removed
 ACTIONS_REPLACED = "actions ="  # ... or the whole new list
 AFFORDANCES_FILE = "affordances.json"
@@ -113,8 +115,12 @@ class Affordances:
         votes: dict[tuple, list[int]] | None = None,
         slot_kinds: dict[tuple[str, int], set] | None = None,
         known_states: set[str] | None = None,
+        returns: dict[str, str] | None = None,
     ):
         self.kept = kept or frozenset()
+        # Learnt with them from the same rows: each move's way back (learnt_returns), which
+        # places.py follows.
+        self.returns: dict[str, str] = dict(returns or {})
         self.votes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0], votes or {})
         self.slot_kinds: dict[tuple[str, int], set] = defaultdict(set, slot_kinds or {})
         self.known_states = set(known_states or ())
@@ -221,6 +227,7 @@ class Affordances:
                 [template, slot, sorted(kinds, key=str)] for (template, slot), kinds in self.slot_kinds.items()
             ],
             "known_states": sorted(self.known_states),
+            "returns": self.returns,
         }
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,12 +243,41 @@ class Affordances:
             {_tupled(description): counts for description, counts in data["votes"]},
             {(template, slot): {_tupled(kind) for kind in kinds} for template, slot, kinds in data["slot_kinds"]},
             set(data["known_states"]),
+            data.get("returns", {}),  # saved before the ways back were learnt: none
         )
 
 
+def learnt_returns(rows: Iterable[Mapping]) -> dict[str, str]:
+    """For each move of the transition rows (a step into another location), the move that led back,
+    where the training episodes made that return at least `MIN_RETURNS` times, always the same way."""
+    moves_by_episode: dict[str, list[tuple[int, str, str, str]]] = defaultdict(list)
+    for row in rows:
+        here, there = parse_state(row["state"]).location, parse_state(row["next_state"]).location
+        if here != there:
+            moves_by_episode[row["trajectory_id"]].append((row["step"], here, row["action"], there))
+    votes: dict[str, Counter] = defaultdict(Counter)
+    for moves in moves_by_episode.values():
+        made: dict[tuple[str, str], str] = {}  # (from, to) -> the action that went there
+        for _, here, action, there in sorted(moves):
+            went = made.get((there, here))
+            if went is not None:
+                votes[went][action] += 1
+                votes[action][went] += 1
+            made[(here, there)] = action
+    return {
+        action: back.most_common(1)[0][0]
+        for action, back in votes.items()
+        if len(back) == 1 and back.most_common(1)[0][1] >= MIN_RETURNS
+    }
+
+
 def learnt_from_rows(rows: Iterable[dict], kept: frozenset[str] | None) -> Affordances:
-    """Affordances learnt from the states of transition rows (`dreamgym.data.schema`)."""
-    return Affordances.learn((parse_state(row[column]) for row in rows for column in ("state", "next_state")), kept)
+    """Affordances learnt from the states of transition rows (`dreamgym.data.schema`), with the
+    ways back of their moves (`learnt_returns`)."""
+    rows = list(rows)
+    learnt = Affordances.learn((parse_state(row[column]) for row in rows for column in ("state", "next_state")), kept)
+    learnt.returns = learnt_returns(rows)
+    return learnt
 
 
 def saved_beside(examples_path: str | Path) -> Path:

@@ -89,17 +89,26 @@ def history_of(rows: Sequence[dict], index: int, h: int) -> list[Step]:
 def queries_of(rows: Sequence[dict], h: int) -> list[Query]:
     """Real transitions as experience-model queries, as their examples are built and fidelity reads
     them: each row's task, real state and action, and the up to `h` steps before it (`rows` sorted
-    by (trajectory_id, step), as `history_of` needs them)."""
-    return [
-        Query(
-            row["instruction"],
-            parse_state(row["state"]),
-            row["action"],
-            tuple(history_of(rows, index, h)),
-            row["trajectory_id"],
+    by (trajectory_id, step), as `history_of` needs them), with every earlier step of the episode
+    back to a gap in the step numbers."""
+    queries, earlier = [], []
+    for index, row in enumerate(rows):
+        previous = rows[index - 1] if index else None
+        if previous is None or (previous["trajectory_id"], previous["step"] + 1) != (row["trajectory_id"], row["step"]):
+            earlier = []
+        state = parse_state(row["state"])
+        queries.append(
+            Query(
+                row["instruction"],
+                state,
+                row["action"],
+                tuple(history_of(rows, index, h)),
+                row["trajectory_id"],
+                earlier=tuple(earlier),
+            )
         )
-        for index, row in enumerate(rows)
-    ]
+        earlier.append((state, row["action"]))
+    return queries
 
 
 def neighbours(

@@ -116,6 +116,7 @@ def single_step(
     jobs = []
     for episode in _episodes(rows):
         history: list[Step] = []
+        earlier: list[tuple[AbstractState, str]] = []
         for row in episode:
             state = parse_state(row["state"])
             jobs.append(
@@ -127,10 +128,12 @@ def single_step(
                         row["action"],
                         tuple(history[-model.config.history :] if model.config.history else ()),
                         row["trajectory_id"],
+                        earlier=tuple(earlier),
                     ),
                 )
             )
             history.append(_step(row, state))
+            earlier.append((state, row["action"]))
     records = []
     with tqdm(total=len(jobs), desc="fidelity: single step", unit="transition", disable=not progress) as bar:
         for batch in _batches(jobs, batch_size):
@@ -150,6 +153,7 @@ def open_loop(
     episodes = [episode[:horizon] for episode in _episodes(rows)]
     states = [parse_state(episode[0]["state"]) for episode in episodes]
     histories: list[list[Step]] = [[] for _ in episodes]
+    earlier: list[list[tuple[AbstractState, str]]] = [[] for _ in episodes]
     alive = [True] * len(episodes)
     per_step = []
     for t in tqdm(range(horizon), desc="fidelity: open loop", disable=not progress):
@@ -166,6 +170,7 @@ def open_loop(
                     episodes[i][t]["action"],
                     tuple(histories[i][-model.config.history :] if model.config.history else ()),
                     episodes[i][t]["trajectory_id"],
+                    earlier=tuple(earlier[i]),
                 )
                 for i in batch
             ]
@@ -175,6 +180,7 @@ def open_loop(
                     alive[i] = False
                     continue
                 histories[i].append(Step(episodes[i][t]["action"], prediction.completion.reward, states[i].location))
+                earlier[i].append((states[i], episodes[i][t]["action"]))
                 states[i] = prediction.completion.next_state
         dead = len(active) - len(running)
         n = len(active)

@@ -72,6 +72,7 @@ from dreamgym.experience.format import (
     whole_word,
     with_real_names,
 )
+from dreamgym.experience.places import remembered
 from dreamgym.placeholders import Placeholders, shown_names
 from dreamgym.state import AbstractState
 
@@ -492,6 +493,13 @@ class ExperienceModel:
             ]
         )
 
+    def remembered(self, queries: Sequence[Query]) -> list[AbstractState | None]:
+        """Each query's next state where it moves back into a place its episode has been
+        (experience.remember_places, places.py), else None."""
+        if not self.config.remember_places or self.affordances is None:
+            return [None] * len(queries)
+        return [remembered(query, self.affordances) for query in queries]
+
     @property
     def history(self) -> int:
         """Earlier steps of the episode a query carries (DreamEnv's `Dynamics`)."""
@@ -502,6 +510,7 @@ class ExperienceModel:
         model wrote, in the prompt's). A prompt that several queries share is written once: a GRPO
         group's rollouts start from one state and often take the same first moves, and what the
         model writes depends on nothing but the prompt (greedy, or sampled with a seed of it)."""
+        places = self.remembered(queries)
         framed = self.framed(queries)
         prompts = [prompt for prompt, _, _ in framed]
         queries = [shown for _, shown, _ in framed]
@@ -532,7 +541,10 @@ class ExperienceModel:
                     completion = parse_completion(
                         text, queries[index].state, self.config.reasoning, shown_changes[index], shown_traces[index]
                     )
-                    results[index] = Prediction(with_real_names(completion, framed[index][2]), text, attempt + 1)
+                    completion = with_real_names(completion, framed[index][2])
+                    if places[index] is not None:
+                        completion = dataclasses.replace(completion, next_state=places[index])
+                    results[index] = Prediction(completion, text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))
                     still.append(index)
@@ -558,7 +570,8 @@ class NeighbourCopy(ExperienceModel):
     example (the top-ranked neighbour, as the model's prompt shows it) is copied, its change
     applied to the query's state, its reward and done taken as they are. A query whose example's
     change does not fit its state is an explicit failure, as it is for the model. Retrieval,
-    placeholders and parsing are the model's own code."""
+    placeholders and parsing are the model's own code. Nor does it remember the places of an
+    episode (places.py): the baseline is the neighbour's change alone."""
 
     def __init__(
         self,
@@ -573,7 +586,7 @@ class NeighbourCopy(ExperienceModel):
         if not config.neighbours:
             raise ValueError("copying the top neighbour needs retrieval (experience.neighbours > 0)")
         # A copy is the same on every try: retrying it would only cost time.
-        config = dataclasses.replace(config, retries=0)
+        config = dataclasses.replace(config, retries=0, remember_places=False)
         super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names, affordances)
 
     def generate(self, prompts: Sequence[str], *args, **kwargs) -> list[str]:
