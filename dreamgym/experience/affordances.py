@@ -265,9 +265,9 @@ def learnt_returns(rows: Iterable[Mapping]) -> dict[str, str]:
                 votes[action][went] += 1
             made[(here, there)] = action
     return {
-        action: back.most_common(1)[0][0]
+        action: next(iter(back))
         for action, back in votes.items()
-        if len(back) == 1 and back.most_common(1)[0][1] >= MIN_RETURNS
+        if len(back) == 1 and back.total() >= MIN_RETURNS  # one way back, seen often enough
     }
 
 
