@@ -3,7 +3,13 @@ carried to objects and furniture the data never showed."""
 
 from __future__ import annotations
 
-from dreamgym.experience.affordances import Affordances, adapted_change, template_of, with_learnt_actions
+from dreamgym.experience.affordances import (
+    Affordances,
+    adapted_change,
+    template_of,
+    with_learnt_actions,
+    with_own_states,
+)
 from dreamgym.experience.format import applied, state_delta
 from dreamgym.placeholders import Placeholders
 from dreamgym.state import AbstractState
@@ -128,3 +134,28 @@ def test_actions_on_no_object_follow_the_change_and_a_move_takes_the_exits_it_li
     change = "location: corridor\nvisible =\nactions = go east; go north"
     adapted = names.backward.abstract(applied(shown, adapted_change(shown, change, names, learnt)))
     assert {"go east", "go north"} <= set(adapted.actions) and "go west" not in adapted.actions
+
+
+def test_an_examples_object_lends_its_change_not_its_states(tmp_path):
+    learnt = Affordances.learn(TRAINING, KEPT)
+    # The example put down a plain apple; here the pear is sliced. Copied as written, the change
+    # would lay down a plain pear: the pear keeps its own states and takes the example's new place.
+    there_before, there_after = kitchen("apple", True), kitchen("apple", False, on="table")
+    here_before, here_after = kitchen("pear", True, cut=True), kitchen("pear", False, cut=True, on="table")
+    names, example = Placeholders({"pear": "obj1"}), Placeholders({"apple": "obj1"}).forward
+    change = state_delta(example.abstract(there_before), example.abstract(there_after))
+    shown, made_in = names.forward.abstract(here_before), example.abstract(there_before)
+    assert "obj1 (sliced, on table)" not in applied(shown, adapted_change(shown, change, names, learnt)).visible
+    adapted = adapted_change(shown, change, names, learnt, made_in)
+    assert names.backward.abstract(applied(shown, adapted)) == here_after
+    # A state the example's object gained is added to the query's own, in the order the training
+    # states write descriptors in (learnt, and saved with the rest): cut before cooked.
+    learnt = Affordances.learn([*TRAINING, AbstractState("kitchen", ("stove",), ("carrot (sliced, fried)",), ())], KEPT)
+    learnt.save(tmp_path / "affordances.json")
+    learnt = Affordances.load(tmp_path / "affordances.json")
+    sliced = "inventory: -obj1; +obj1 (sliced)"
+    plain, fried = AbstractState("kitchen", (), ("obj1",), ()), AbstractState("kitchen", (), ("obj1 (fried)",), ())
+    assert with_own_states(sliced, plain, fried, learnt) == "inventory: -obj1; +obj1 (sliced, fried)"
+    assert with_own_states("inventory: -obj1; +obj1 (sliced, fried)", fried, plain, learnt) == (
+        "inventory: -obj1; +obj1 (sliced)"  # what the example's object had before stays its own
+    )

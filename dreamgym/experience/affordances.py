@@ -25,8 +25,11 @@ object is one a state shows carried or takeable: `placeholders.carried_names`).
 
 With `experience.learnt_actions`, a worked example's change is shown to the model as the change
 it makes here (`adapted_change`): without its `actions` line and with the actions learnt for the
-state it gives. A reference to it then means that, in training and in prediction alike. Measured
-with `benchmarks/affordances.py` (figures in benchmarks/results/README.md, 2026-11-28).
+state it gives, and with each object it moves or changes keeping the query's object's own states
+(`with_own_states`: the example's sliced-and-fried pepper taken from the stove does not make the
+query's roasted one fried). A reference to it then means that, in training and in prediction alike.
+Measured with `benchmarks/affordances.py` and `benchmarks/experience_failures.py` (figures in
+benchmarks/results/README.md, 2026-11-28 and 2026-11-29).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pathlib import Path
 
 from dreamgym.experience.format import NO_CHANGE, applied, state_delta
 from dreamgym.placeholders import Placeholders, carried_names
-from dreamgym.state import ITEM_SEPARATOR, AbstractState, item_name, parse_state
+from dreamgym.state import ITEM_SEPARATOR, AbstractState, format_item, item_name, parse_state
 
 MIN_VOTES = 2
 # A move's way back is learnt from at least this many returns, and only where every one agrees.
@@ -62,16 +65,30 @@ class Item:
     place: tuple[str, str] | None  # ("on", "counter")
 
 
+def descriptors_of(item: str) -> list[str]:
+    """An item's descriptors as written: 'carrot (sliced, on table)' -> ['sliced', 'on table']."""
+    name = item_name(item)
+    return item[len(name) + 2 : -1].split(", ") if item != name else []
+
+
+def _is_place(descriptor: str) -> bool:
+    return descriptor.startswith(("on ", "in "))
+
+
+def _order_key(descriptor: str) -> str:
+    """What a descriptor's place in the order is learnt by: a place by its relation alone ('on')."""
+    return descriptor[:2] if _is_place(descriptor) else descriptor
+
+
 def items_of(state: AbstractState) -> dict[str, Item]:
     """The objects a state shows, by name."""
     items = {}
     for field in ("inventory", "visible"):
         for text in getattr(state, field):
-            name = item_name(text)
-            descriptors = text[len(name) + 2 : -1].split(", ") if text != name else []
-            states = tuple(sorted(d for d in descriptors if not d.startswith(("on ", "in "))))
-            place = next(((d[:2], d[3:]) for d in descriptors if d.startswith(("on ", "in "))), None)
-            items[name] = Item(name, field, states, place)
+            descriptors = descriptors_of(text)
+            states = tuple(sorted(d for d in descriptors if not _is_place(d)))
+            place = next(((d[:2], d[3:]) for d in descriptors if _is_place(d)), None)
+            items[item_name(text)] = Item(item_name(text), field, states, place)
     return items
 
 
@@ -116,11 +133,15 @@ class Affordances:
         slot_kinds: dict[tuple[str, int], set] | None = None,
         known_states: set[str] | None = None,
         returns: dict[str, str] | None = None,
+        precedes: set[tuple[str, str]] | None = None,
     ):
         self.kept = kept or frozenset()
         # Learnt with them from the same rows: each move's way back (learnt_returns), which
         # places.py follows.
         self.returns: dict[str, str] = dict(returns or {})
+        # (a, b) where an item of the states wrote descriptor a before b (`_order_key`s): the order
+        # `with_own_states` writes an object's descriptors in.
+        self.precedes: set[tuple[str, str]] = set(precedes or ())
         self.votes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0], votes or {})
         self.slot_kinds: dict[tuple[str, int], set] = defaultdict(set, slot_kinds or {})
         self.known_states = set(known_states or ())
@@ -140,6 +161,9 @@ class Affordances:
                         learnt.slot_kinds[(template, slot)].add(learnt._kind(name, 4, portable, roles))
                     present.add((template, slots))
             learnt.known_states.update(s for item in items.values() for s in item.states)
+            for text in (*state.visible, *state.inventory):
+                keys = [_order_key(d) for d in descriptors_of(text)]
+                learnt.precedes.update(itertools.combinations(keys, 2))
             seen.append((items, portable, roles, present))
         for items, portable, roles, present in seen:
             for template, binding in learnt._bindings(items, portable, roles):
@@ -228,6 +252,7 @@ class Affordances:
             ],
             "known_states": sorted(self.known_states),
             "returns": self.returns,
+            "precedes": sorted(self.precedes),
         }
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,7 +269,20 @@ class Affordances:
             {(template, slot): {_tupled(kind) for kind in kinds} for template, slot, kinds in data["slot_kinds"]},
             set(data["known_states"]),
             data.get("returns", {}),  # saved before the ways back were learnt: none
+            {tuple(pair) for pair in data.get("precedes", ())},  # before the order was: appended
         )
+
+    def ordered(self, descriptors: Iterable[str], added: str) -> list[str]:
+        """`descriptors` with `added` written before the first one the states always wrote after
+        it; at the end where none is."""
+        out = list(descriptors)
+        key = _order_key(added)
+        for position, descriptor in enumerate(out):
+            pair = (key, _order_key(descriptor))
+            if pair in self.precedes and pair[::-1] not in self.precedes:
+                out.insert(position, added)
+                return out
+        return [*out, added]
 
 
 def learnt_returns(rows: Iterable[Mapping]) -> dict[str, str]:
@@ -314,14 +352,62 @@ def with_learnt_actions(
     return dataclasses.replace(state, actions=tuple(sorted(plain | affordances.predict(state, previous))))
 
 
-def adapted_change(shown: AbstractState, change: str, names: Placeholders, affordances: Affordances) -> str:
-    """The change a worked example makes in the query's state `shown` (the prompt's names): where it
-    applies without its `actions` line, that with the learnt actions; else `change` as it is (one
-    that does not fit, which no reference may name). The actions are learnt even where the whole
+def _by_name(state: AbstractState) -> dict[str, list[str]]:
+    """The descriptors of each object of `state` whose name only one item has."""
+    items = [*state.visible, *state.inventory]
+    names = Counter(item_name(item) for item in items)
+    return {item_name(item): descriptors_of(item) for item in items if names[item_name(item)] == 1}
+
+
+def with_own_states(change: str, made_in: AbstractState, shown: AbstractState, affordances: Affordances) -> str:
+    """`change`, which a worked example made in its own state `made_in`, with each object it writes
+    anew (`+item` in `visible` or `inventory`) described as the query's object of that name
+    (in `shown`) becomes: the example's object's states it lost are dropped, those it gained are
+    added, the rest are the query's own; its place is the example's new one where the example
+    moved it, else the query's. Copied as written, an example's object put on the stove gives the
+    query's diced, roasted tomato as `tomato (on stove)`, the states of the example's plain one."""
+    theirs, ours = _by_name(made_in), _by_name(shown)
+    lines = []
+    for line in change.split("\n"):
+        field, _, entries = line.partition(": ")
+        if field in ("visible", "inventory") and entries:
+            line = f"{field}: " + ITEM_SEPARATOR.join(
+                _own_states(entry, theirs, ours, affordances) for entry in entries.split(ITEM_SEPARATOR)
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _own_states(entry: str, theirs: dict[str, list[str]], ours: dict[str, list[str]], affordances) -> str:
+    name = item_name(entry[1:])
+    if not entry.startswith("+") or name not in theirs or name not in ours or theirs[name] == ours[name]:
+        return entry
+    before, after = theirs[name], descriptors_of(entry[1:])
+    place = next((d for d in after if _is_place(d)), None)
+    if place == next((d for d in before if _is_place(d)), None):  # the example did not move it
+        place = next((d for d in ours[name] if _is_place(d)), None)
+    lost = {d for d in before if d not in after}
+    states = [d for d in ours[name] if not _is_place(d) and d not in lost]
+    for gained in (d for d in after if not _is_place(d) and d not in before and d not in states):
+        states = affordances.ordered(states, gained)
+    return "+" + format_item(name, affordances.ordered(states, place) if place else states)
+
+
+def adapted_change(
+    shown: AbstractState,
+    change: str,
+    names: Placeholders,
+    affordances: Affordances,
+    made_in: AbstractState | None = None,
+) -> str:
+    """The change a worked example makes in the query's state `shown` (the prompt's names): its
+    objects' states carried over (`with_own_states`, given the example's own state `made_in`);
+    where it applies without its `actions` line, that with the learnt actions; else `change` as it
+    is (one that does not fit, which no reference may name). The actions are learnt even where the whole
     change applies: additions apply anywhere, so an example's actions from another world fit and
     mislead (a copier of the top example, on spent sets: 72.5% exact as the changes are, 72.9%
     learning only where they do not apply, 73.4% always; on a shifted set 32.4%, 35.7%, 41.2%)."""
-    lines = change.split("\n")
+    lines = (change if made_in is None else with_own_states(change, made_in, shown, affordances)).split("\n")
     actions_line = next((line for line in lines if line.startswith((ACTIONS_LINE, ACTIONS_REPLACED))), "")
     loose = applied(
         dataclasses.replace(shown, actions=()),

@@ -290,10 +290,16 @@ def to_worked(transition: dict, traced: bool = False) -> Worked:
 
 
 def adapted_examples(
-    worked: Sequence[Worked], state: AbstractState, names: Placeholders, affordances: Affordances
+    found: Sequence[dict], state: AbstractState, names: Placeholders, affordances: Affordances, traced: bool
 ) -> list[Worked]:
-    """The worked examples with each change as it makes in `state` (affordances.adapted_change)."""
-    return [dataclasses.replace(w, delta=adapted_change(state, w.delta, names, affordances)) for w in worked]
+    """The retrieved transitions `found` as worked examples (`to_worked`), each change as it makes
+    in `state` (affordances.adapted_change)."""
+    return [
+        dataclasses.replace(
+            worked, delta=adapted_change(state, worked.delta, names, affordances, parse_state(transition["state"]))
+        )
+        for worked, transition in zip((to_worked(t, traced) for t in found), found)
+    ]
 
 
 def traces_examples(config: ExperienceConfig) -> bool:
@@ -375,9 +381,11 @@ def _example(
         if config.reasoning
         else None
     )
-    worked = [to_worked(t, traces_examples(config)) for t in found]
-    if config.adapts_examples:
-        worked = adapted_examples(worked, state, names, affordances)
+    worked = (
+        adapted_examples(found, state, names, affordances, traces_examples(config))
+        if config.adapts_examples
+        else [to_worked(t, traces_examples(config)) for t in found]
+    )
     prompt = format_prompt(row["instruction"], history_of(rows, index, config.history), state, row["action"], worked)
     delta = (
         referenced_delta(state, next_state, [example.delta for example in worked])

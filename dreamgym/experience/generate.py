@@ -261,9 +261,12 @@ class ExperienceModel:
                 names = Placeholders.of(self.kept_names, query.action, [query.state], self.imagined_names(query))
                 query = _renamed(query, names)
                 found = [Placeholders.own(self.kept_names, row) for row in found]
-            worked = [to_worked(row, traces_examples(self.config)) for row in found]
-            if self.affordances is not None:
-                worked = adapted_examples(worked, query.state, names, self.affordances)
+            traced = traces_examples(self.config)
+            worked = (
+                adapted_examples(found, query.state, names, self.affordances, traced)
+                if self.affordances is not None
+                else [to_worked(row, traced) for row in found]
+            )
             prompt = format_prompt(query.instruction, query.history, query.state, query.action, worked)
             framed.append((prompt, query, names))
         return framed
