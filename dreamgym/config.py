@@ -275,8 +275,9 @@ class ExperienceConfig:
     learnt_actions: Annotated[
         bool,
         _help(
-            "Show each worked example's change as the change it makes in the query's state: "
-            "without its actions line, with the actions learnt from the state's objects "
+            "Show each worked example's change as the change it makes in the query's state: its "
+            "objects keep their own states, and without its actions line, with the actions learnt "
+            "from the state's objects "
             "(experience/affordances.py; learnt from the training data, saved beside the model).",
             part="prompt",
         ),
