@@ -3,7 +3,11 @@ carried to objects and furniture the data never showed."""
 
 from __future__ import annotations
 
+import json
+
 from dreamgym.experience.affordances import (
+    LEGACY_LEVELS,
+    LEVELS,
     Affordances,
     adapted_change,
     template_of,
@@ -12,7 +16,7 @@ from dreamgym.experience.affordances import (
 )
 from dreamgym.experience.format import applied, state_delta
 from dreamgym.placeholders import Placeholders
-from dreamgym.state import AbstractState
+from dreamgym.state import AbstractState, item_name
 
 KEPT = frozenset({"knife", "table", "counter", "fridge"})
 
@@ -159,3 +163,30 @@ def test_an_examples_object_lends_its_change_not_its_states(tmp_path):
     assert with_own_states("inventory: -obj1; +obj1 (sliced, fried)", fried, plain, learnt) == (
         "inventory: -obj1; +obj1 (sliced)"  # what the example's object had before stays its own
     )
+
+
+def test_a_door_is_no_container_whatever_the_carried_food_and_older_files_load(tmp_path):
+    def room(food: str, door: bool) -> AbstractState:
+        furniture = ["cupboard (open)", "fridge (open)"] + (["plain door (open)"] if door else [])
+        inside = [f"insert {item_name(food)} into {name}" for name in ("cupboard", "fridge")]
+        return AbstractState("kitchen", tuple(furniture), (food,), tuple(sorted(inside)))
+
+    # Cut and cooked food was only ever carried where there was no door; the door only beside plain food.
+    training = [room(f"{food} (chopped, roasted)", door=False) for food in ("apple", "carrot", "potato")]
+    training += [room(food, door=True) for food in ("apple", "carrot", "potato")]
+    learnt = Affordances.learn(training, frozenset({"cupboard", "fridge", "plain door"}))
+    before, here = room("pear", door=True), room("pear (chopped, roasted)", door=True)
+    blank = AbstractState(here.location, here.visible, here.inventory, ())
+    assert learnt.predict(blank, before) == {"insert pear into cupboard", "insert pear into fridge"}
+    # Affordances saved before the levels were (no `levels`: the legacy ones) keep their votes' levels.
+    learnt.save(tmp_path / "affordances.json")
+    saved = json.loads((tmp_path / "affordances.json").read_text())
+    legacy = {tuple(level): index for index, level in enumerate(LEGACY_LEVELS)}
+    saved["votes"] = [
+        [[legacy[LEVELS[d[0]]], *d[1:]], counts] for d, counts in saved["votes"] if LEVELS[d[0]] in legacy
+    ]
+    del saved["levels"]
+    (tmp_path / "legacy.json").write_text(json.dumps(saved))
+    old = Affordances.load(tmp_path / "legacy.json")
+    assert old.votes == {d: c for d, c in learnt.votes.items() if LEVELS[d[0]] in legacy}
+    assert "insert pear into plain door" in old.predict(blank, before)  # what the older levels said

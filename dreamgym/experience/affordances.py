@@ -10,9 +10,11 @@ objects a state shows, the same way in every game, so they are learnt from the d
   slot is described by its object at decreasing detail (`LEVELS`): its name; its name if every
   game has it (the placeholders' kept names) else "object"; a piece of furniture's head noun
   (`door` of `sliding patio door`); the furniture's uses among the previous state's actions (what
-  a new cooker is for); "furniture"; then the same with states training never showed dropped
-  (`grilled`). With each: the object's field, its states (`sliced`, `open`) and where it lies
-  relative to the other slots.
+  a new cooker is for); before "furniture", the name, head noun and uses again with any states of
+  the portable objects (a door is no container whatever the food carried, where the food's
+  states made the description unseen); "furniture"; then the same with states training never
+  showed dropped (`grilled`). With each: the object's field, its states (`sliced`, `open`) and
+  where it lies relative to the other slots.
 - over the training states, each binding of objects to a template's slots counts as an available
   action or not under each of its descriptions; a binding takes the vote of its most detailed
   description seen at least `MIN_VOTES` times.
@@ -52,9 +54,25 @@ MIN_RETURNS = 2
 ACTIONS_LINE = "actions: "  # a delta's actions line: entries added and removed
 ACTIONS_REPLACED = "actions ="  # ... or the whole new list
 AFFORDANCES_FILE = "affordances.json"
-# Per level of description: how much of an object's name it keeps (0: the name ... 4: "furniture")
-# and whether states the training data never showed are dropped.
-LEVELS = ((0, False), (1, False), (2, False), (3, False), (4, False), (3, True), (4, True))
+# Per level of description: how much of an object's name it keeps (0: the name ... 4: "furniture"),
+# whether states the training data never showed are dropped, and whether a portable object's states
+# are any (`ANY_STATES`; only where the binding names furniture too).
+LEVELS = (
+    (0, False, False),
+    (1, False, False),
+    (2, False, False),
+    (3, False, False),
+    (1, False, True),
+    (2, False, True),
+    (3, False, True),
+    (4, False, False),
+    (3, True, False),
+    (4, True, False),
+)
+# The levels of affordances saved without their levels (before 2026-11-29).
+LEGACY_LEVELS = ((0, False, False), (1, False, False), (2, False, False), (3, False, False), (4, False, False))
+LEGACY_LEVELS += ((3, True, False), (4, True, False))
+ANY_STATES = "*"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,11 +231,15 @@ class Affordances:
 
     def _descriptions(self, template: str, binding: tuple[str, ...], items, portable, roles) -> list[tuple]:
         out = []
-        for level, (detail, known_only) in enumerate(LEVELS):
+        for level, (detail, known_only, any_portable_states) in enumerate(LEVELS):
+            if any_portable_states and all(name in portable for name in binding):
+                continue
             slots = []
             for name in binding:
                 item = items[name]
                 states = tuple(s for s in item.states if s in self.known_states) if known_only else item.states
+                if any_portable_states and name in portable:
+                    states = ANY_STATES
                 where = None
                 if item.place:
                     other = item.place[1]
@@ -253,6 +275,7 @@ class Affordances:
             "known_states": sorted(self.known_states),
             "returns": self.returns,
             "precedes": sorted(self.precedes),
+            "levels": LEVELS,
         }
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,9 +286,16 @@ class Affordances:
     @classmethod
     def load(cls, path: str | Path) -> Affordances:
         data = json.loads(Path(path).read_text())
+        # A vote's description starts with its level's index: into the levels it was saved with.
+        now = {tuple(level): index for index, level in enumerate(LEVELS)}
+        index_now = [now.get(tuple(level)) for level in data.get("levels", LEGACY_LEVELS)]
+        votes = {}
+        for description, counts in data["votes"]:
+            if index_now[description[0]] is not None:
+                votes[(index_now[description[0]], *_tupled(description[1:]))] = counts
         return cls(
             frozenset(data["kept"]),
-            {_tupled(description): counts for description, counts in data["votes"]},
+            votes,
             {(template, slot): {_tupled(kind) for kind in kinds} for template, slot, kinds in data["slot_kinds"]},
             set(data["known_states"]),
             data.get("returns", {}),  # saved before the ways back were learnt: none
