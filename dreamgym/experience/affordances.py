@@ -70,8 +70,15 @@ LEVELS = (
     (4, True, False),
 )
 # The levels of affordances saved without their levels (before 2026-11-29).
-LEGACY_LEVELS = ((0, False, False), (1, False, False), (2, False, False), (3, False, False), (4, False, False))
-LEGACY_LEVELS += ((3, True, False), (4, True, False))
+LEGACY_LEVELS = (
+    (0, False, False),
+    (1, False, False),
+    (2, False, False),
+    (3, False, False),
+    (4, False, False),
+    (3, True, False),
+    (4, True, False),
+)
 ANY_STATES = "*"
 
 
@@ -93,6 +100,11 @@ def _is_place(descriptor: str) -> bool:
     return descriptor.startswith(("on ", "in "))
 
 
+def _place_of(descriptors: Iterable[str]) -> str | None:
+    """The descriptor saying where the object lies ('on table'), if any."""
+    return next((d for d in descriptors if _is_place(d)), None)
+
+
 def _order_key(descriptor: str) -> str:
     """What a descriptor's place in the order is learnt by: a place by its relation alone ('on')."""
     return descriptor[:2] if _is_place(descriptor) else descriptor
@@ -105,8 +117,9 @@ def items_of(state: AbstractState) -> dict[str, Item]:
         for text in getattr(state, field):
             descriptors = descriptors_of(text)
             states = tuple(sorted(d for d in descriptors if not _is_place(d)))
-            place = next(((d[:2], d[3:]) for d in descriptors if _is_place(d)), None)
-            items[item_name(text)] = Item(item_name(text), field, states, place)
+            place = _place_of(descriptors)
+            where = (place[:2], place[3:]) if place else None
+            items[item_name(text)] = Item(item_name(text), field, states, where)
     return items
 
 
@@ -358,6 +371,11 @@ def _tupled(value):
     return tuple(_tupled(each) for each in value) if isinstance(value, list) else value
 
 
+def actions_on_no_object(actions: Iterable[str], names: Iterable[str]) -> set[str]:
+    """Those of `actions` that name none of the objects `names` (`go west`, `prepare meal`)."""
+    return {action for action in actions if not template_of(action, names)[1]}
+
+
 def with_learnt_actions(
     previous: AbstractState, state: AbstractState, actions_line: str, affordances: Affordances
 ) -> AbstractState:
@@ -366,15 +384,11 @@ def with_learnt_actions(
     entries added and removed, or, where it replaces the list (`actions = ...`, written on a move),
     that list's actions on no object (the exits of the new room)."""
     items = items_of(state)
-
-    def on_no_object(actions: Iterable[str]) -> set[str]:
-        return {action for action in actions if not template_of(action, items)[1]}
-
     if actions_line.startswith(ACTIONS_REPLACED):
         listed = actions_line[len(ACTIONS_REPLACED) :].strip()
-        plain = on_no_object(listed.split(ITEM_SEPARATOR) if listed else ())
+        plain = actions_on_no_object(listed.split(ITEM_SEPARATOR) if listed else (), items)
     else:
-        plain = on_no_object(previous.actions)
+        plain = actions_on_no_object(previous.actions, items)
         entries = actions_line[len(ACTIONS_LINE) :].split(ITEM_SEPARATOR) if actions_line else []
         for entry in entries:
             if len(entry) > 1 and not template_of(entry[1:], items)[1]:
@@ -413,9 +427,9 @@ def _own_states(entry: str, theirs: dict[str, list[str]], ours: dict[str, list[s
     if not entry.startswith("+") or name not in theirs or name not in ours or theirs[name] == ours[name]:
         return entry
     before, after = theirs[name], descriptors_of(entry[1:])
-    place = next((d for d in after if _is_place(d)), None)
-    if place == next((d for d in before if _is_place(d)), None):  # the example did not move it
-        place = next((d for d in ours[name] if _is_place(d)), None)
+    place = _place_of(after)
+    if place == _place_of(before):  # the example did not move it
+        place = _place_of(ours[name])
     lost = {d for d in before if d not in after}
     states = [d for d in ours[name] if not _is_place(d) and d not in lost]
     for gained in (d for d in after if not _is_place(d) and d not in before and d not in states):

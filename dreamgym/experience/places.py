@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from dreamgym.envs.dynamics import Query
-from dreamgym.experience.affordances import Affordances, items_of, template_of
+from dreamgym.experience.affordances import Affordances, actions_on_no_object, items_of
 from dreamgym.state import AbstractState
 
 
@@ -61,6 +61,5 @@ def remembered(query: Query, affordances: Affordances) -> AbstractState | None:
     carrying_now = dataclasses.replace(last, inventory=query.state.inventory)
     # The room's actions on no object (its exits) are the ones it offered; those on objects follow
     # the objects it holds and the player carries now.
-    names = items_of(last)
-    plain = {action for action in last.actions if not template_of(action, names)[1]}
+    plain = actions_on_no_object(last.actions, items_of(last))
     return dataclasses.replace(carrying_now, actions=tuple(plain | affordances.predict(carrying_now, last)))
