@@ -243,7 +243,7 @@ class ExperienceConfig:
         tuple[str, ...],
         _help(
             "Ranking keys switched off, to measure what each adds (experience/rerank.py RANKING_KEYS: "
-            "action, change_fits, task_relation, acted_items, open_closed, kind, shared_items).",
+            "action, action_form, change_fits, task_relation, acted_items, open_closed, kind, shared_items).",
             part="prompt",
         ),
     ] = ()

@@ -7,8 +7,10 @@ from dataclasses import replace
 
 from dreamgym.experience import rerank
 from dreamgym.experience.cooking import TextWorldCooking
+from dreamgym.experience.examples import on_the_query_items
+from dreamgym.experience.format import applied, state_delta
 from dreamgym.experience.rerank import RANKING_KEYS, Situation, closeness, closest
-from dreamgym.state import AbstractState, item_name
+from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 COOKING = TextWorldCooking()  # the rules these tests are about
 task_relation = COOKING.task_relation
@@ -45,7 +47,7 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
     # common (room, counter, food, its take; not the fridge nor its open/close). No change given:
     # none is known to fit.
     opened = situation(kitchen("carrot", fridge="open"), "take carrot from counter", KEPT)
-    assert closeness(tomato, opened) == (True, False, True, True, True, False, 4 / 8)
+    assert closeness(tomato, opened) == (True, True, False, True, True, True, False, 4 / 8)
 
 
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
@@ -65,11 +67,11 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     everything = sorted(range(5), key=lambda i: closeness(query, candidates[i]), reverse=True)
     assert all(closest(query, candidates, k) == everything[:k] for k in range(1, 6))
     # A key switched off counts the same for every candidate: the next one decides.
-    assert closest(query, candidates, 2, off=frozenset({"action"})) == [0, 4]  # the most items in common
+    assert closest(query, candidates, 2, off=frozenset({"action", "action_form"})) == [0, 4]  # the most items in common
     assert closest(query, candidates, 3, off=frozenset({"shared_items"})) == [1, 2, 3]  # the given order
-    assert closeness(query, candidates[0], off=frozenset(RANKING_KEYS)) == (False,) * 6 + (0.0,)
+    assert closeness(query, candidates[0], off=frozenset(RANKING_KEYS)) == (False,) * 7 + (0.0,)
     empty = Situation("look", frozenset())
-    assert closeness(empty, empty) == (True, False, True, True, True, True, 1.0)
+    assert closeness(empty, empty) == (True, True, False, True, True, True, True, 1.0)
 
 
 def carrying(food: str, *more: str) -> AbstractState:
@@ -89,8 +91,8 @@ def test_a_change_that_fits_and_the_same_acted_on_items_come_before_shared_items
         "inventory: -obj1 (roasted); +obj1 (chopped, roasted)",
     ]
     assert closeness(query, fried)[-1] > closeness(query, roasted)[-1]
-    assert closeness(query, fried, changes[0])[:2] == (True, False)
-    assert closeness(query, roasted, changes[1])[:2] == (True, True)
+    assert closeness(query, fried, changes[0])[:3] == (True, True, False)
+    assert closeness(query, roasted, changes[1])[:3] == (True, True, True)
     assert closest(query, [fried, roasted], 2, changes) == [1, 0]
     # No change known: the one whose acted-on items are the query's comes first, though it shares
     # fewer items.
@@ -107,6 +109,10 @@ def test_a_candidate_in_the_same_relation_to_its_task_comes_before_shared_items(
     assert task_relation(recipe, held, "slice carrot with knife") == (True, frozenset())
     assert task_relation("Recipe: ingredients: egg.", held, "slice carrot with knife") == (False, frozenset())
     assert task_relation(recipe, held, "look") is None
+    # The objective names the cookbook; the recipe does not ask for it.
+    cookbook = AbstractState("kitchen", ("cookbook (on table)", "table"), (), ("take cookbook from table",))
+    objective = f"Check the cookbook in the kitchen for the recipe. {recipe}"
+    assert task_relation(objective, cookbook, "take cookbook from table") == (False, frozenset())
     assert task_relation(None, held, "chop carrot with knife") is None
     # A cooking move names its tool, not the recipe's verb: the stove fries, the oven roasts.
     assert task_relation(recipe, held, "cook carrot with stove") == (True, frozenset({"fry"}))
@@ -125,7 +131,7 @@ def test_a_candidate_in_the_same_relation_to_its_task_comes_before_shared_items(
         carrying("tomato"), "slice tomato with knife", KEPT, "Recipe: ingredients: tomato. directions: dice the tomato."
     )
     assert closeness(query, sliced)[-1] > closeness(query, diced)[-1]
-    assert closeness(query, diced)[2] and not closeness(query, sliced)[2]
+    assert closeness(query, diced)[3] and not closeness(query, sliced)[3]
     assert closest(query, [sliced, diced], 2) == [1, 0]
 
 
@@ -148,11 +154,11 @@ def test_a_change_whose_actions_need_an_open_fridge_comes_after_one_that_does_no
         "visible: -obj1\ninventory: +obj1\nactions: -take obj1 from counter; +eat obj1",
     ]
     assert closeness(query, opened)[-1] > closeness(query, closed)[-1]  # more items in common
-    assert closeness(query, opened, changes[0])[:5] == (True, True, True, True, False)
-    assert closeness(query, closed, changes[1])[:5] == (True, True, True, True, True)
+    assert closeness(query, opened, changes[0])[:6] == (True, True, True, True, True, False)
+    assert closeness(query, closed, changes[1])[:6] == (True, True, True, True, True, True)
     assert closest(query, [opened, closed], 2, changes) == [1, 0]
     # A change naming nothing open or closed is alike anywhere.
-    assert closeness(query, opened, changes[1])[4]
+    assert closeness(query, opened, changes[1])[5]
 
 
 def test_of_two_candidates_alike_so_far_the_one_acting_on_the_same_kind_comes_first():
@@ -211,3 +217,50 @@ def test_the_closest_one_found_key_by_key_is_the_first_of_the_full_ranking():
             range(len(candidates)), key=lambda i: closeness(query, candidates[i], picked[i], off), reverse=True
         )
         assert closest(query, candidates, 1, picked, off) == ranked[:1]
+
+
+def hall(doors: dict[str, str]) -> AbstractState:
+    """A room with the given doors, each open or closed, the way each leads and the moves they allow."""
+    ways = {"screen door": "west", "frosted-glass door": "east", "plain door": "south"}
+    actions = ["look"]
+    for door, status in doors.items():
+        actions += [f"close {door}", f"go {ways[door]}"] if status == "open" else [f"open {door}"]
+    visible = tuple(f"{door} ({status}, {ways[door]})" for door, status in doors.items())
+    return AbstractState("hall", visible, (), tuple(actions))
+
+
+def test_the_same_move_on_another_item_comes_before_other_moves_and_is_shown_on_the_querys_item():
+    query_state = hall({"screen door": "closed", "frosted-glass door": "closed"})
+    query = situation(query_state, "open screen door", KEPT)
+    assert query.form == "open {0}"
+    # No candidate opens the screen door. One closes a door in the query's very state; one opens
+    # another door elsewhere: the same move, on another item, comes first.
+    beside = hall({"screen door": "closed", "frosted-glass door": "closed", "plain door": "open"})
+    closing = situation(beside, "close plain door", KEPT)
+    there = hall({"frosted-glass door": "closed", "plain door": "closed"})
+    opening = situation(there, "open frosted-glass door", KEPT)
+    assert closeness(query, closing)[-1] > closeness(query, opening)[-1]
+    assert closest(query, [closing, opening], 1) == [1]
+    # Shown as it was, that example's change opens the frosted-glass door, which the query's state
+    # has too, and adds the way east. On the query's item it opens the screen door, and the way is
+    # the screen door's; the other door is the example's, the two swapped throughout.
+    row = {"instruction": "open the doors", "state": format_state(there), "action": "open frosted-glass door"}
+    row["next_state"] = format_state(hall({"frosted-glass door": "open", "plain door": "closed"}))
+    swapped = on_the_query_items(row, "open screen door", query_state)
+    assert swapped["action"] == "open screen door"
+    change = state_delta(parse_state(swapped["state"]), parse_state(swapped["next_state"]))
+    assert "+go west" in change and "east" not in change
+    assert applied(query_state, change).visible == ("frosted-glass door (closed, east)", "screen door (open, west)")
+    # Another move, or the same one on the same items, is left as it is.
+    assert on_the_query_items(row, "close screen door", query_state) == row
+    assert on_the_query_items(row, "open frosted-glass door", query_state) == row
+    # A difference that is also a move's first word (open, closed) is not swapped: `open oven`
+    # would become `closed oven`. Only the names are.
+    ajar = AbstractState("hall", ("screen door (open, east)",), (), ("close screen door", "go east", "look"))
+    assert "screen door (closed, east)" in on_the_query_items(row, "open screen door", ajar)["state"]
+    # Two slots: both items are the query's.
+    take = {"state": format_state(kitchen("apple")), "action": "take apple from counter"}
+    take["next_state"] = take["state"]
+    swapped = on_the_query_items(take, "take tomato from fridge", kitchen("tomato"))
+    assert swapped["action"] == "take tomato from fridge"
+    assert "fridge (closed)" not in swapped["state"] and "counter (closed)" in swapped["state"]

@@ -89,10 +89,12 @@ class TextWorldCooking:
     def task_relation(
         self, instruction: str | None, state: AbstractState, action: str
     ) -> tuple[bool, frozenset[str]] | None:
-        """Whether the task names the item acted on, and which of the action's other words the
+        """Whether the recipe asks for the item acted on, and which of the action's other words the
         task's clauses on that item use, with the verb of the direction the action carries out where
         the task asks for it (`cook carrot with stove` under `fry the carrot`: fry; under `roast the
-        carrot`, nothing: the game is lost). None for an action on no item, or no task known."""
+        carrot`, nothing: the game is lost). None for an action on no item, or no task known. The
+        objective names the cookbook too ("check the cookbook"), but taking it scores nothing: a
+        dream that ranked it with the ingredients paid a point for it to GRPO, which learnt to."""
         name = acted_object(state, action) if instruction else None
         if name is None:
             return None
@@ -102,7 +104,7 @@ class TextWorldCooking:
         carried = direction_of(action)
         if carried is not None and _says(said, carried[0], carried[1]):
             words.add(carried[0])
-        return bool(said), frozenset(words)
+        return name in self.task_objects(instruction), frozenset(words)
 
     def kinds(self, state: AbstractState, action: str) -> frozenset[str]:
         """The last words of the real names of the visible or carried items `action` names:

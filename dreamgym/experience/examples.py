@@ -36,7 +36,14 @@ from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, stored
 from dreamgym.config import ExperienceConfig
 from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
-from dreamgym.experience.affordances import Affordances, adapted_change, learnt_from_rows
+from dreamgym.experience.affordances import (
+    Affordances,
+    adapted_change,
+    descriptors_of,
+    is_place,
+    learnt_from_rows,
+    template_of,
+)
 from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.format import (
     Worked,
@@ -48,8 +55,9 @@ from dreamgym.experience.format import (
     task_says,
 )
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
-from dreamgym.placeholders import Placeholders, kept_names
-from dreamgym.state import AbstractState, format_state, parse_state
+from dreamgym.placeholders import Placeholders, kept_names, shown_names
+from dreamgym.renaming import Renamer
+from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 _KEPT_KEY = "dreamgym.kept_names"
 # Candidates fetched per neighbour kept: room for repeats of one step across episodes.
@@ -290,16 +298,65 @@ def to_worked(transition: dict, traced: bool = False) -> Worked:
 
 
 def adapted_examples(
-    found: Sequence[dict], state: AbstractState, names: Placeholders, affordances: Affordances, traced: bool
+    found: Sequence[dict],
+    state: AbstractState,
+    action: str,
+    names: Placeholders,
+    affordances: Affordances,
+    traced: bool,
 ) -> list[Worked]:
-    """The retrieved transitions `found` as worked examples (`to_worked`), each change as it makes
-    in `state` (affordances.adapted_change)."""
+    """The retrieved transitions `found` as worked examples (`to_worked`) for taking `action` in
+    `state`: each on the query's items where it is the same move (`on_the_query_items`), its
+    change as it makes in `state` (affordances.adapted_change)."""
+    found = [on_the_query_items(transition, action, state) for transition in found]
     return [
         dataclasses.replace(
             worked, delta=adapted_change(state, worked.delta, names, affordances, parse_state(transition["state"]))
         )
         for worked, transition in zip((to_worked(t, traced) for t in found), found)
     ]
+
+
+def on_the_query_items(transition: dict, action: str, state: AbstractState) -> dict:
+    """`transition` told of the query's items, where its action is the same move as `action`
+    (rerank's `action_form`: `open frosted-glass door` for `open screen door`); else as it is.
+
+    Each item its action names is swapped, throughout, with the one `action` names in `state`,
+    and so is the one descriptor in which two such items differ (`north` and `east` of two doors:
+    `+go north` becomes `+go east`), unless it is a word actions begin with (`open`): a swap, not
+    a one-way rename, so that an example whose state also holds the query's item stays a world of
+    distinct objects. Shown as it was, the example's change is about its own item, which the
+    query's state may hold too: the model named it and opened the wrong door."""
+    made_in = parse_state(transition["state"])
+    ours_form, ours = template_of(action, shown_names(state))
+    theirs_form, theirs = template_of(transition["action"], shown_names(made_in))
+    if ours_form != theirs_form:
+        return transition
+    verbs = {words.split()[0] for words in (*made_in.actions, *state.actions) if words}
+    swap: dict[str, str] = {}
+    for their, our in zip(theirs, ours):
+        told_apart = _one_difference(_described(made_in, their), _described(state, our))
+        for old, new in [(their, our), *([told_apart] if told_apart and not verbs & set(told_apart) else [])]:
+            if old == new:
+                continue
+            if swap.get(old, new) != new or swap.get(new, old) != old:
+                return transition  # one item in two slots on one side only: no consistent swap
+            swap[old], swap[new] = new, old
+    return Renamer(swap).row(transition) if swap else transition
+
+
+def _described(state: AbstractState, name: str) -> set[str]:
+    """The descriptors of the item called `name` in `state` other than where it lies."""
+    item = next((item for item in (*state.visible, *state.inventory) if item_name(item) == name), name)
+    return {descriptor for descriptor in descriptors_of(item) if not is_place(descriptor)}
+
+
+def _one_difference(theirs: set[str], ours: set[str]) -> tuple[str, str] | None:
+    """The descriptor only theirs has and the one only ours has, where each has one."""
+    only_theirs, only_ours = theirs - ours, ours - theirs
+    if len(only_theirs) == 1 and len(only_ours) == 1:
+        return next(iter(only_theirs)), next(iter(only_ours))
+    return None
 
 
 def traces_examples(config: ExperienceConfig) -> bool:
@@ -382,7 +439,7 @@ def _example(
         else None
     )
     worked = (
-        adapted_examples(found, state, names, affordances, traces_examples(config))
+        adapted_examples(found, state, row["action"], names, affordances, traces_examples(config))
         if config.adapts_examples
         else [to_worked(t, traces_examples(config)) for t in found]
     )
