@@ -48,6 +48,27 @@ def test_state_shows_location_visible_inventory_and_sorted_actions(train_games):
     env.close()
 
 
+def test_a_door_says_the_way_it_leads_and_opening_it_opens_that_way(train_games, test_games):
+    """As the game's prose says "a closed patio door leading east": opening it adds `go east`."""
+    env, opened = TextWorldEnv(max_steps=100), set()
+    for game in train_games + test_games:
+        observation, info = env.reset(load_task(game))
+        terminated = False
+        while not terminated:
+            state = parse_state(observation)
+            closed = [item for item in state.visible if item.split(" (")[0].endswith("door") and "(closed, " in item]
+            if closed:  # open it on the way (the expert plans again from there)
+                name, way = closed[0].split(" (")[0], closed[0].split(", ")[-1].rstrip(")")
+                assert way in ("north", "south", "east", "west") and f"go {way}" not in state.actions
+                observation, _, terminated, _, info = env.step(f"open {name}")
+                assert f"{name} (open, {way})" in observation and f"go {way}" in parse_state(observation).actions
+                opened.add((game, name))
+            else:
+                observation, _, terminated, _, info = env.step(info["expert_action"])
+    env.close()
+    assert opened, "no game of the fixtures has a closed door"
+
+
 def test_unknown_and_inadmissible_actions_change_nothing(train_games):
     env = TextWorldEnv()
     observation, _ = env.reset(load_task(train_games[0]))

@@ -2,7 +2,8 @@
 
 The state is built from the game's logical facts (not its prose), so it is exact and
 deterministic: the player's room, the objects visible there (on supporters, inside open
-containers, doors with their state), the inventory, and the game's admissible commands.
+containers, doors with their state and the way they lead, as the game's prose says "a closed
+patio door leading east"), the inventory, and the game's admissible commands.
 Reward is the increase of the game's score; `terminated` when the game is won or lost;
 `truncated` at `max_steps`. An inadmissible or unknown command is a legal step that changes
 nothing, as in the game itself.
@@ -28,6 +29,8 @@ ENV_NAME = "textworld"
 # or cooked. Static properties (edible, cuttable, ...) and defaults (raw, uncut) are left out.
 _STATE_PREDICATES = ("locked", "closed", "open", "sliced", "diced", "chopped", "roasted", "fried", "grilled", "burned")
 _HIDDEN_TYPES = {"P", "I", "r", "RECIPE", "ingredient"}
+# `east_of(b, a)`: room b lies east of room a.
+_DIRECTION_FACTS = {f"{way}_of": way for way in ("north", "south", "east", "west")}
 _Z8_HEADER_BYTES = 64
 
 
@@ -101,7 +104,8 @@ def state_from_facts(facts, admissible_commands) -> AbstractState:
     placed_at: dict[str, str] = {}  # object -> room
     placed_on: dict[str, str] = {}  # object -> supporter
     placed_in: dict[str, str] = {}  # object -> container (or "I" for the inventory)
-    doors: dict[str, list[str]] = {}  # room -> doors leading out of it
+    doors: dict[str, list[tuple[str, str]]] = {}  # room -> (door, the room it leads to)
+    ways: dict[tuple[str, str], str] = {}  # (room, neighbour) -> the way from room to neighbour
     types: dict[str, str] = {}
     room = None
     for fact in facts:
@@ -118,7 +122,9 @@ def state_from_facts(facts, admissible_commands) -> AbstractState:
         elif fact.name == "in" and args[0].type not in _HIDDEN_TYPES:
             placed_in[names[0]] = names[1]
         elif fact.name == "link":
-            doors.setdefault(names[0], []).append(names[1])
+            doors.setdefault(names[0], []).append((names[1], names[2]))
+        elif fact.name in _DIRECTION_FACTS:
+            ways[(names[1], names[0])] = _DIRECTION_FACTS[fact.name]
         elif len(args) == 1 and fact.name in _STATE_PREDICATES:
             unary.setdefault(names[0], []).append(fact.name)
     if room is None:
@@ -133,7 +139,7 @@ def state_from_facts(facts, admissible_commands) -> AbstractState:
 
     in_room = {name for name, where in placed_at.items() if where == room}
     visible = [describe(name) for name in in_room]
-    visible += [describe(door) for door in doors.get(room, [])]
+    visible += [describe(door, ways.get((room, beyond))) for door, beyond in doors.get(room, [])]
     for thing, supporter in placed_on.items():
         if supporter in in_room:
             visible.append(describe(thing, f"on {supporter}"))
