@@ -237,8 +237,9 @@ def plan_collection(
     checked = [check_game_file(game) for game in games]
     if not checked:
         raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
-    # format 2: rows record the expert's action (a file of format 1 is collected again)
-    metadata = {"collection": asdict(settings), "games": _games_digest(checked), "format": 2}
+    # format 2: rows record the expert's action; 3: a door says the way it leads (a file of an
+    # older format is collected again)
+    metadata = {"collection": asdict(settings), "games": _games_digest(checked), "format": 3}
     if out.exists() and read_metadata(out) == metadata:
         reused = CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(read_transitions(out)))
         return checked, metadata, reused
