@@ -188,7 +188,7 @@ def test_grpo_in_dream_env_raises_the_real_score_of_its_start(
     # Those 4 episodes all begin with `open fridge`, and a policy that wanders meets moves they never
     # show (`look`, `take cookbook from table`): 4 more episodes of the game, half their steps
     # random, show the dream some of them (2026-11-29: with the first 4 alone, every dream episode
-    # parted from the game at its first or second step).
+    # parted from the game within its first three steps).
     task = seed_tasks(first_episode)[0]
     [game] = [game for game in train_games if game.stem == task.task_id]
     wandering = CollectionSettings("noisy-expert", 0.5, 4, seed=1, max_steps=len(first_episode) + 2)
