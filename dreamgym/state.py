@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 
 FIELDS = ("location", "visible", "inventory", "actions")
 ITEM_SEPARATOR = "; "
-# A name (no parentheses; it does not start with `+` or `-`, the marks of a change in a delta),
-# then optionally its descriptors in one pair of parentheses. No `;`, line break, or `<` / `>`
-# (the tags a model's completion wraps a state in); no surrounding spaces.
-ITEM_PATTERN = r"[^\s;()<>+-](?:[^;\n()<>]*[^\s;()<>])?(?: \([^;\n()<>]+\))?"
+# A name (no parentheses; it does not start with `-`, and has no `+`: the marks of a change in a
+# delta), then optionally its descriptors in one pair of parentheses, without `+` either. No `;`,
+# line break, or `<` / `>` (the tags a model's completion wraps a state in); no surrounding spaces.
+# A `+` inside let a decoded change run two entries into one item (`carrot (in fridge +yellow
+# potato from fridge)`, `take carrot from fridge +take onion from fridge`), which a policy played.
+ITEM_PATTERN = r"[^\s;()<>+-](?:[^;\n()<>+]*[^\s;()<>+])?(?: \([^;\n()<>+]+\))?"
 _ITEM = re.compile(ITEM_PATTERN)
 
 
@@ -69,7 +71,7 @@ def _check_item(field_name: str, item: str) -> None:
     if not _ITEM.fullmatch(item):
         raise StateParseError(
             f"{field_name}: item {item!r} is not 'name' or 'name (descriptors)': a name has no parentheses "
-            "and does not start with '+' or '-', and nothing follows the descriptors"
+            "and does not start with '-', neither holds a '+', and nothing follows the descriptors"
         )
 
 

@@ -52,7 +52,16 @@ def test_items_cannot_break_the_format():
 
 @pytest.mark.parametrize(
     "item",
-    ["examine fridge)", "obj2 (on counter) to the inventory", "+examine counter", "-knife", "knife (a) (b)", "(open)"],
+    [
+        "examine fridge)",
+        "obj2 (on counter) to the inventory",
+        "+examine counter",
+        "-knife",
+        "knife (a) (b)",
+        "(open)",
+        "carrot (in fridge +onion from fridge)",  # two entries of a change run into one
+        "take carrot from fridge +take onion from fridge",
+    ],
 )
 def test_an_item_is_a_name_and_its_descriptors_and_nothing_else(item):
     with pytest.raises(StateParseError, match="is not 'name' or 'name \\(descriptors\\)'"):
