@@ -96,18 +96,18 @@ def descriptors_of(item: str) -> list[str]:
     return item[len(name) + 2 : -1].split(", ") if item != name else []
 
 
-def is_place(descriptor: str) -> bool:
+def _is_place(descriptor: str) -> bool:
     return descriptor.startswith(("on ", "in "))
 
 
 def _place_of(descriptors: Iterable[str]) -> str | None:
     """The descriptor saying where the object lies ('on table'), if any."""
-    return next((d for d in descriptors if is_place(d)), None)
+    return next((d for d in descriptors if _is_place(d)), None)
 
 
 def _order_key(descriptor: str) -> str:
     """What a descriptor's place in the order is learnt by: a place by its relation alone ('on')."""
-    return descriptor[:2] if is_place(descriptor) else descriptor
+    return descriptor[:2] if _is_place(descriptor) else descriptor
 
 
 def items_of(state: AbstractState) -> dict[str, Item]:
@@ -116,7 +116,7 @@ def items_of(state: AbstractState) -> dict[str, Item]:
     for field in ("inventory", "visible"):
         for text in getattr(state, field):
             descriptors = descriptors_of(text)
-            states = tuple(sorted(d for d in descriptors if not is_place(d)))
+            states = tuple(sorted(d for d in descriptors if not _is_place(d)))
             place = _place_of(descriptors)
             where = (place[:2], place[3:]) if place else None
             items[item_name(text)] = Item(item_name(text), field, states, where)
@@ -431,8 +431,8 @@ def _own_states(entry: str, theirs: dict[str, list[str]], ours: dict[str, list[s
     if place == _place_of(before):  # the example did not move it
         place = _place_of(ours[name])
     lost = {d for d in before if d not in after}
-    states = [d for d in ours[name] if not is_place(d) and d not in lost]
-    for gained in (d for d in after if not is_place(d) and d not in before and d not in states):
+    states = [d for d in ours[name] if not _is_place(d) and d not in lost]
+    for gained in (d for d in after if not _is_place(d) and d not in before and d not in states):
         states = affordances.ordered(states, gained)
     return "+" + format_item(name, affordances.ordered(states, place) if place else states)
 

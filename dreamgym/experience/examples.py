@@ -38,9 +38,9 @@ from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
 from dreamgym.experience.affordances import (
     Affordances,
+    Item,
     adapted_change,
-    descriptors_of,
-    is_place,
+    items_of,
     learnt_from_rows,
     template_of,
 )
@@ -57,7 +57,7 @@ from dreamgym.experience.format import (
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names, shown_names
 from dreamgym.renaming import Renamer
-from dreamgym.state import AbstractState, format_state, item_name, parse_state
+from dreamgym.state import AbstractState, format_state, parse_state
 
 _KEPT_KEY = "dreamgym.kept_names"
 # Candidates fetched per neighbour kept: room for repeats of one step across episodes.
@@ -333,9 +333,10 @@ def on_the_query_items(transition: dict, action: str, state: AbstractState) -> d
     if ours_form != theirs_form:
         return transition
     verbs = {words.split()[0] for words in (*made_in.actions, *state.actions) if words}
+    their_items, our_items = items_of(made_in), items_of(state)
     swap: dict[str, str] = {}
     for their, our in zip(theirs, ours):
-        told_apart = _one_difference(_described(made_in, their), _described(state, our))
+        told_apart = _one_difference(_states(their_items, their), _states(our_items, our))
         for old, new in [(their, our), *([told_apart] if told_apart and not verbs & set(told_apart) else [])]:
             if old == new:
                 continue
@@ -345,10 +346,9 @@ def on_the_query_items(transition: dict, action: str, state: AbstractState) -> d
     return Renamer(swap).row(transition) if swap else transition
 
 
-def _described(state: AbstractState, name: str) -> set[str]:
-    """The descriptors of the item called `name` in `state` other than where it lies."""
-    item = next((item for item in (*state.visible, *state.inventory) if item_name(item) == name), name)
-    return {descriptor for descriptor in descriptors_of(item) if not is_place(descriptor)}
+def _states(items: dict[str, Item], name: str) -> set[str]:
+    """The descriptors of the item called `name` other than where it lies (none if no item is)."""
+    return set(items[name].states) if name in items else set()
 
 
 def _one_difference(theirs: set[str], ours: set[str]) -> tuple[str, str] | None:
