@@ -132,6 +132,11 @@ def test_actions_on_no_object_follow_the_change_and_a_move_takes_the_exits_it_li
     assert {action for action in offered if not template_of(action, ["pear", "bench"])[1]} == {"go north", "go south"}
     assert "eat pear" in offered
     assert "go west" in with_learnt_actions(before, moved, "", learnt).actions  # no actions line: unchanged
+    # An object the step used up (eaten, or taken into a meal) takes its actions with it, whatever
+    # the change's own line removes: they are actions on an object, not on none.
+    used_up = AbstractState(after.location, after.visible, tuple(i for i in after.inventory if "pear" not in i), ())
+    assert any("pear" in action for action in after.actions)
+    assert not [action for action in with_learnt_actions(after, used_up, "", learnt).actions if "pear" in action]
     # Adapted, a move keeps the exits its example's change lists.
     names = Placeholders({"pear": "obj1"})
     shown = names.forward.abstract(before)

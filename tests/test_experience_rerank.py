@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dreamgym.domain import NO_RULES
 from dreamgym.experience import rerank
 from dreamgym.experience.cooking import TextWorldCooking
-from dreamgym.experience.examples import on_the_query_items
+from dreamgym.experience.examples import on_the_query_items, on_the_task_items
 from dreamgym.experience.format import applied, state_delta
 from dreamgym.experience.rerank import RANKING_KEYS, Situation, closeness, closest
 from dreamgym.state import AbstractState, format_state, item_name, parse_state
@@ -264,3 +265,39 @@ def test_the_same_move_on_another_item_comes_before_other_moves_and_is_shown_on_
     swapped = on_the_query_items(take, "take tomato from fridge", kitchen("tomato"))
     assert swapped["action"] == "take tomato from fridge"
     assert "fridge (closed)" not in swapped["state"] and "counter (closed)" in swapped["state"]
+
+
+def _recipe(*ingredients: str) -> str:
+    return f"Cook a meal. Recipe: ingredients: {', '.join(ingredients)}. directions: prepare meal."
+
+
+def test_a_move_that_uses_up_the_recipes_items_uses_up_the_querys_own():
+    # The example's recipe asks for two of the three things it carries; `prepare meal` uses up those
+    # two. The query's recipe asks for three of its four, numbered otherwise.
+    made_in = AbstractState("kitchen", ("stove",), ("obj1 (fried)", "obj2", "obj3 (sliced)"), ("prepare meal",))
+    made = AbstractState("kitchen", ("stove",), ("meal", "obj2"), ())
+    change = state_delta(made_in, made)
+    ours = AbstractState(
+        "kitchen", ("stove",), ("obj1", "obj2 (diced)", "obj3 (roasted)", "obj4 (sliced)"), ("prepare meal",)
+    )
+    told = on_the_task_items(
+        change, made_in, _recipe("obj1", "obj3"), ours, _recipe("obj2", "obj3", "obj4"), "prepare meal", COOKING
+    )
+    assert applied(ours, told).inventory == ("meal", "obj1")
+    # Shown as it was, it used up the query's obj1, which its recipe does not ask for.
+    assert applied(ours, change).inventory == ("meal", "obj2 (diced)", "obj4 (sliced)")
+    # Where the example uses up anything else, or names what it uses up, it is left as it is.
+    kept_one = state_delta(made_in, AbstractState("kitchen", ("stove",), ("meal", "obj2", "obj3 (sliced)"), ()))
+    assert (
+        on_the_task_items(kept_one, made_in, _recipe("obj1", "obj3"), ours, _recipe("obj2"), "prepare meal", COOKING)
+        == kept_one
+    )
+    one = AbstractState("kitchen", (), ("obj1 (fried)", "obj2"), ())
+    eating = state_delta(one, AbstractState("kitchen", (), ("obj2",), ()))
+    assert on_the_task_items(eating, one, _recipe("obj1"), ours, _recipe("obj2", "obj3"), "eat obj1", COOKING) == eating
+    # No task known, or the domain knows no task objects: as it is.
+    assert on_the_task_items(change, made_in, None, ours, _recipe("obj2"), "prepare meal", COOKING) == change
+    assert (
+        on_the_task_items(change, made_in, _recipe("obj1", "obj3"), ours, _recipe("obj2"), "prepare meal", NO_RULES)
+        == change
+    )

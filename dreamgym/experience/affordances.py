@@ -382,16 +382,20 @@ def with_learnt_actions(
     """`state` with the object actions learnt for it, and the previous state's actions on no object
     changed as `actions_line` (a delta's `actions` line, or "" where it has none) changes them: its
     entries added and removed, or, where it replaces the list (`actions = ...`, written on a move),
-    that list's actions on no object (the exits of the new room)."""
+    that list's actions on no object (the exits of the new room). An action on an object the step
+    used up (`drop carrot` once `prepare meal` took the carrot) is an action on an object, gone with
+    it: kept as one on no object, it stayed wherever the example's own change did not remove it
+    (2026-11-29)."""
     items = items_of(state)
     if actions_line.startswith(ACTIONS_REPLACED):
         listed = actions_line[len(ACTIONS_REPLACED) :].strip()
         plain = actions_on_no_object(listed.split(ITEM_SEPARATOR) if listed else (), items)
     else:
-        plain = actions_on_no_object(previous.actions, items)
+        named = items_of(previous) | items
+        plain = actions_on_no_object(previous.actions, named)
         entries = actions_line[len(ACTIONS_LINE) :].split(ITEM_SEPARATOR) if actions_line else []
         for entry in entries:
-            if len(entry) > 1 and not template_of(entry[1:], items)[1]:
+            if len(entry) > 1 and not template_of(entry[1:], named)[1]:
                 (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
     return dataclasses.replace(state, actions=tuple(sorted(plain | affordances.predict(state, previous))))
 

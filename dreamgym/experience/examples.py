@@ -47,17 +47,19 @@ from dreamgym.experience.affordances import (
 from dreamgym.experience.annotate import Annotator, describe_change
 from dreamgym.experience.format import (
     Worked,
+    applied,
     format_completion,
     format_prompt,
     referenced_delta,
     referenced_trace,
     state_delta,
     task_says,
+    whole_word,
 )
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names, shown_names
 from dreamgym.renaming import Renamer
-from dreamgym.state import AbstractState, format_state, parse_state
+from dreamgym.state import AbstractState, format_state, item_name, parse_state
 
 _KEPT_KEY = "dreamgym.kept_names"
 # Candidates fetched per neighbour kept: room for repeats of one step across episodes.
@@ -304,17 +306,62 @@ def adapted_examples(
     names: Placeholders,
     affordances: Affordances,
     traced: bool,
+    instruction: str | None = None,
+    domain: Domain = NO_RULES,
 ) -> list[Worked]:
     """The retrieved transitions `found` as worked examples (`to_worked`) for taking `action` in
-    `state`: each on the query's items where it is the same move (`on_the_query_items`), its
-    change as it makes in `state` (affordances.adapted_change)."""
+    `state` for the task `instruction`: each on the query's items where it is the same move
+    (`on_the_query_items`), using up the query's task items where it uses up its own
+    (`on_the_task_items`, by `domain`'s task objects), its change as it makes in `state`
+    (affordances.adapted_change)."""
     found = [on_the_query_items(transition, action, state) for transition in found]
-    return [
-        dataclasses.replace(
-            worked, delta=adapted_change(state, worked.delta, names, affordances, parse_state(transition["state"]))
-        )
-        for worked, transition in zip((to_worked(t, traced) for t in found), found)
-    ]
+    adapted = []
+    for worked, transition in zip((to_worked(t, traced) for t in found), found):
+        made_in = parse_state(transition["state"])
+        change = worked.delta
+        if transition["action"] == action:
+            change = on_the_task_items(
+                change, made_in, transition.get("instruction"), state, instruction, action, domain
+            )
+        adapted.append(dataclasses.replace(worked, delta=adapted_change(state, change, names, affordances, made_in)))
+    return adapted
+
+
+def on_the_task_items(
+    change: str,
+    made_in: AbstractState,
+    their_task: str | None,
+    state: AbstractState,
+    our_task: str | None,
+    action: str,
+    domain: Domain,
+) -> str:
+    """`change`, which `action` made in `made_in` for `their_task`, told of the query's items
+    where it uses up exactly the carried items its task asks for, and `action` names none of them
+    (`prepare meal` takes the recipe's ingredients from the inventory): it then uses up the items
+    carried in `state` that `our_task` asks for (`domain.task_objects`), and adds what it adds
+    (`meal`). An action that names what it uses up (`eat carrot`) is told of the query's items by
+    `on_the_query_items`. Shown as it was, an
+    example of a two-ingredient recipe removed the query's items of its own placeholder numbers,
+    whatever the query's recipe asked: 16 of 17 `prepare meal` steps were wrong on a shifted set
+    of three-ingredient recipes (2026-11-29)."""
+    after = applied(made_in, change) if their_task and our_task else None
+    if after is None:
+        return change
+    carried = {item_name(item) for item in made_in.inventory}
+    used_up = carried - {item_name(item) for item in after.inventory}
+    if not used_up or used_up != carried & set(domain.task_objects(their_task)):
+        return change
+    if any(whole_word(name).search(action) for name in used_up):
+        return change
+    ours = set(domain.task_objects(our_task))
+    kept = {item for item in state.inventory if item_name(item) not in ours}
+    gained = set(after.inventory) - set(made_in.inventory)
+    if len(kept) == len(state.inventory) or gained & kept:  # nothing of ours to use up; or it has what is gained
+        return change
+    line = state_delta(state, dataclasses.replace(state, inventory=tuple(sorted(kept | gained))))
+    lines = [line if old.startswith(("inventory:", "inventory =")) else old for old in change.split("\n")]
+    return "\n".join(lines)
 
 
 def on_the_query_items(transition: dict, action: str, state: AbstractState) -> dict:
@@ -439,7 +486,16 @@ def _example(
         else None
     )
     worked = (
-        adapted_examples(found, state, row["action"], names, affordances, traces_examples(config))
+        adapted_examples(
+            found,
+            state,
+            row["action"],
+            names,
+            affordances,
+            traces_examples(config),
+            row["instruction"],
+            named_domain(config.domain),
+        )
         if config.adapts_examples
         else [to_worked(t, traces_examples(config)) for t in found]
     )

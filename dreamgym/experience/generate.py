@@ -263,7 +263,9 @@ class ExperienceModel:
                 found = [Placeholders.own(self.kept_names, row) for row in found]
             traced = traces_examples(self.config)
             worked = (
-                adapted_examples(found, query.state, query.action, names, self.affordances, traced)
+                adapted_examples(
+                    found, query.state, query.action, names, self.affordances, traced, query.instruction, self.domain
+                )
                 if self.affordances is not None
                 else [to_worked(row, traced) for row in found]
             )

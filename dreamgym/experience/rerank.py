@@ -81,9 +81,9 @@ from dreamgym.experience.format import LIST_FIELDS, fits, state_delta, whole_wor
 from dreamgym.placeholders import Placeholders
 from dreamgym.state import AbstractState, item_name, parse_state
 
-# Bumped whenever the ranking changes which examples are shown: built examples keyed on it are
-# then built again instead of reused.
-RANKING_VERSION = 7
+# Bumped whenever the ranking changes which examples are shown, or their adaptation
+# (examples.adapted_examples) how: built examples keyed on it are then built again instead of reused.
+RANKING_VERSION = 8
 # The ranking's keys, most decisive first (`closeness`); experience.ranking_off switches keys off.
 RANKING_KEYS = (
     "action",
