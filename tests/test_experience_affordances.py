@@ -194,4 +194,37 @@ def test_a_door_is_no_container_whatever_the_carried_food_and_older_files_load(t
     (tmp_path / "legacy.json").write_text(json.dumps(saved))
     old = Affordances.load(tmp_path / "legacy.json")
     assert old.votes == {d: c for d, c in learnt.votes.items() if LEVELS[d[0]] in legacy}
-    assert "insert pear into plain door" in old.predict(blank, before)  # what the older levels said
+    # What the older levels said, where the step before shows nothing of the door (a room entered:
+    # beside it, the door's own uses a step before decide, `_kept_use`).
+    entered = AbstractState("pantry", before.visible, before.inventory, before.actions)
+    assert "insert pear into plain door" in old.predict(blank, entered)
+    assert "insert pear into plain door" not in old.predict(blank, before)
+
+
+def test_furniture_the_data_never_described_keeps_the_uses_it_had_a_step_before():
+    # Training: a kitchen whose stove cooks and, like the table and the counter, holds things.
+    def stove_kitchen(food: str, cooked: bool) -> AbstractState:
+        item = f"{food} (fried)" if cooked else food
+        supporters = ("counter", "stove", "table")
+        actions = (f"cook {food} with stove", f"eat {food}", *(f"put {food} on {s}" for s in supporters))
+        return AbstractState("kitchen", supporters, (item,), actions)
+
+    def lying(food: str, on: str) -> AbstractState:
+        return AbstractState(
+            "kitchen", ("counter", "stove", "table", f"{food} (on {on})"), (), (f"take {food} from {on}",)
+        )
+
+    learnt = Affordances.learn(
+        [stove_kitchen(food, cooked) for food in ("apple", "carrot") for cooked in (False, True)]
+        + [lying(food, on) for food in ("apple", "carrot") for on in ("counter", "stove", "table")],
+        KEPT | {"stove"},
+    )
+    # A grill no training state shows: the step before offered cooking with it, and nothing put on it.
+    before = AbstractState("backyard", ("grill",), ("pear",), ("cook pear with grill", "eat pear"))
+    grilled = AbstractState("backyard", ("grill",), ("pear (grilled)",), ())
+    predicted = learnt.predict(grilled, before)
+    # Furniture in general holds things and does not cook: the grill keeps its own uses instead.
+    assert "cook pear with grill" in predicted and "put pear on grill" not in predicted
+    # Where nothing like it was there a step before (nothing lay on the grill), the votes decide.
+    on_it = AbstractState("backyard", ("grill", "pear (grilled, on grill)"), (), ())
+    assert "take pear from grill" in learnt.predict(on_it, grilled)

@@ -216,6 +216,7 @@ class Affordances:
         moved = state.location != previous.location
         unchanged = {name for name, item in items.items() if not moved and before.get(name) == item}
         offered = set() if moved else set(previous.actions)
+        seen_before: dict[tuple, set[bool]] | None = None  # the previous state's uses of its furniture
         out = set()
         for template, binding in self._bindings(items, portable, roles):
             action = template.format(*binding)
@@ -226,10 +227,63 @@ class Affordances:
             for description in self._descriptions(template, binding, items, portable, roles):
                 present, absent = self.votes.get(description, (0, 0))
                 if present + absent >= MIN_VOTES:
-                    if present > absent:
+                    kept_use = None
+                    if LEVELS[description[0]][0] == 4 and not moved:
+                        if seen_before is None:
+                            seen_before = self._uses(previous, before, carried_names(previous), roles)
+                        kept_use = self._kept_use(description, template, binding, items, unchanged, seen_before)
+                    if kept_use if kept_use is not None else present > absent:
                         out.add(action)
                     break
         return out
+
+    def _use_key(self, template: str, binding: tuple[str, ...], slot: int, items: dict[str, Item]) -> tuple:
+        """A use of the furniture in `slot` of `binding`: the template, that slot, and each other
+        object as the kind it is to the votes (its name if kept, else "object"), where it is (carried
+        or seen) and whether it lies on or in that furniture."""
+        furniture = binding[slot]
+        others = tuple(
+            (
+                position,
+                name if name in self.kept else "object",
+                items[name].field,
+                items[name].place[0] if items[name].place and items[name].place[1] == furniture else None,
+            )
+            for position, name in enumerate(binding)
+            if position != slot
+        )
+        return template, slot, furniture, others
+
+    def _uses(self, previous: AbstractState, before: dict[str, Item], portable: set[str], roles: dict):
+        """For each use (`_use_key`) of the previous state's furniture, whether it was offered."""
+        offered, seen = set(previous.actions), defaultdict(set)
+        for template, binding in self._bindings(before, portable, roles):
+            for slot, name in enumerate(binding):
+                if name not in portable:
+                    seen[self._use_key(template, binding, slot, before)].add(template.format(*binding) in offered)
+        return seen
+
+    def _kept_use(
+        self,
+        description: tuple,
+        template: str,
+        binding: tuple[str, ...],
+        items: dict[str, Item],
+        unchanged: set[str],
+        seen_before: dict[tuple, set[bool]],
+    ) -> bool | None:
+        """Where the votes know a piece of furniture of `binding` only as "furniture" (none of its
+        more detailed descriptions was seen) and it is as it was a step before: whether the
+        previous state offered the same use of it (`_use_key`: the same template and slot, with
+        objects of the same kinds, carried or seen, on it or not), where it always did or never did;
+        else None, and the votes decide. Furniture in general is put on, not cooked with: a BBQ,
+        in no training game, was told so and lost its cooking after each use (35 steps of a
+        shifted set, 2026-11-29), though the step before had offered it for every carried food."""
+        found = set()
+        for slot, name in enumerate(binding):
+            if name in unchanged and description[2 + slot][0] == "furniture":
+                found |= seen_before.get(self._use_key(template, binding, slot, items), {True, False})
+        return next(iter(found)) if len(found) == 1 else None
 
     def _kind(self, name: str, detail: int, portable: set[str], roles: dict) -> object:
         if detail == 0:
