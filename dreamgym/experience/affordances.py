@@ -207,7 +207,8 @@ class Affordances:
         items, before = items_of(state), items_of(previous)
         # Portable: carried or takeable in the previous state, carried now, or new and lying on or
         # in something (a new piece of furniture lies nowhere).
-        portable = carried_names(previous) | {
+        carried_before = carried_names(previous)
+        portable = carried_before | {
             name
             for name, item in items.items()
             if item.field == "inventory" or (name not in before and name not in self.kept and item.place)
@@ -230,7 +231,7 @@ class Affordances:
                     kept_use = None
                     if LEVELS[description[0]][0] == 4 and not moved:
                         if seen_before is None:
-                            seen_before = self._uses(previous, before, carried_names(previous), roles)
+                            seen_before = self._uses(previous, before, carried_before, roles)
                         kept_use = self._kept_use(description, template, binding, items, unchanged, seen_before)
                     if kept_use if kept_use is not None else present > absent:
                         out.add(action)

@@ -438,6 +438,7 @@ def build_examples(
         kept = None
     if config.adapts_examples and affordances is None:  # learnt from the rows the examples are built of
         affordances = learnt_from_rows(ordered, kept)
+    domain = named_domain(config.domain)
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):
@@ -453,10 +454,12 @@ def build_examples(
                 pool=config.retrieval_pool,
                 kept=kept,
                 ranking_off=config.ranking_off,
-                domain=named_domain(config.domain),
+                domain=domain,
             )
             for offset, transitions in enumerate(found):
-                examples.append(_example(ordered, start + offset, transitions, config, annotate, kept, affordances))
+                examples.append(
+                    _example(ordered, start + offset, transitions, config, annotate, domain, kept, affordances)
+                )
             bar.update(len(found))
     return examples
 
@@ -467,6 +470,7 @@ def _example(
     found: list[dict],
     config: ExperienceConfig,
     annotate: Annotator,
+    domain: Domain,
     kept: frozenset[str] | None = None,
     affordances: Affordances | None = None,
 ) -> Example:
@@ -493,7 +497,7 @@ def _example(
             affordances,
             traces_examples(config),
             row["instruction"],
-            named_domain(config.domain),
+            domain,
         )
         if config.adapts_examples
         else [to_worked(t, traces_examples(config)) for t in found]
