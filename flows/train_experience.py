@@ -28,6 +28,7 @@ from dreamgym.config import ExperienceConfig, PipelineConfig, config_part, load_
 from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.games import game_setting
 from dreamgym.data.schema import read_transitions
+from dreamgym.domain import named_domain
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator
@@ -109,7 +110,8 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
     rows = read_transitions(validated).to_pylist()
     encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
     kept = kept_names(rows) if config.experience.placeholders else None
-    affordances = learnt_from_rows(rows, kept) if config.experience.adapts_examples else None
+    domain = named_domain(config.experience.domain)
+    affordances = learnt_from_rows(rows, kept, domain) if config.experience.adapts_examples else None
     with open_migrated(run_dir, config.buffer) as database:
         examples = build_examples(
             database,

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 
+from dreamgym.domain import NO_RULES, named_domain
 from dreamgym.experience.affordances import (
     LEGACY_LEVELS,
     LEVELS,
     Affordances,
     adapted_change,
+    learnt_from_rows,
+    learnt_task_actions,
     template_of,
     with_learnt_actions,
     with_own_states,
 )
 from dreamgym.experience.format import applied, state_delta
 from dreamgym.placeholders import Placeholders
-from dreamgym.state import AbstractState, item_name
+from dreamgym.state import AbstractState, format_state, item_name
 
 KEPT = frozenset({"knife", "table", "counter", "fridge"})
 
@@ -228,3 +231,63 @@ def test_furniture_the_data_never_described_keeps_the_uses_it_had_a_step_before(
     # Where nothing like it was there a step before (nothing lay on the grill), the votes decide.
     on_it = AbstractState("backyard", ("grill", "pear (grilled, on grill)"), (), ())
     assert "take pear from grill" in learnt.predict(on_it, grilled)
+
+
+def meal_world(recipe: tuple[str, ...], carried: tuple[str, ...], place: str) -> AbstractState:
+    """tw-cooking's rule for `prepare meal`: offered in the kitchen while the recipe's first
+    ingredient is carried, whatever else is."""
+    actions = ["go east", "look"] + [f"drop {food}" for food in carried]
+    if place == "kitchen" and recipe[0] in carried:
+        actions.append("prepare meal")
+    return AbstractState(place, ("table",), carried, tuple(sorted(actions)))
+
+
+def test_an_action_that_follows_the_task_is_learnt_from_it_and_offered_where_it_says(tmp_path):
+    foods = ("apple", "carrot", "potato", "leek", "onion", "pepper")
+    recipes = [(first, second) for first in foods for second in foods if first != second]
+    rows = []
+    for recipe in recipes:
+        instruction = f"Recipe: ingredients: {', '.join(recipe)}. directions: prepare meal."
+        for place in ("kitchen", "garden"):
+            for carried in ((), recipe[:1], recipe[1:], recipe):
+                state = format_state(meal_world(recipe, carried, place))
+                rows.append({"instruction": instruction, "state": state, "next_state": state, "action": "look"})
+    cooking = named_domain("textworld-cooking")
+    # The first ingredient, not either, not the second; in the kitchen only. `go east` follows nothing.
+    assert learnt_task_actions(rows, cooking) == {"prepare meal": (0, ("kitchen",))}
+    assert learnt_task_actions(rows, NO_RULES) == {}  # no task objects: nothing to learn
+    assert learnt_task_actions(rows[:8], cooking) == {}  # too few states to tell
+    # One state against the rule (the meal offered with the second ingredient alone), and it is none.
+    odd = meal_world(recipes[0], recipes[0][1:], "kitchen")
+    odd = format_state(AbstractState(odd.location, odd.visible, odd.inventory, (*odd.actions, "prepare meal")))
+    assert learnt_task_actions([*rows, rows[0] | {"state": odd}], cooking) == {}
+
+    learnt = learnt_from_rows(rows, None, cooking)
+    assert learnt.task_actions == {"prepare meal": (0, ("kitchen",))}
+    # A query of a three-ingredient recipe of foods the data never showed, whose example (taking its
+    # own first ingredient) offered the meal: taking the query's second ingredient does not.
+    task = ("kale", "fig", "lime")
+    before = meal_world(task, ("fig",), "kitchen")
+    taken = AbstractState("kitchen", ("table",), ("fig", "lime"), ())
+    example_line = "actions: +drop lime; +prepare meal"
+    assert "prepare meal" not in with_learnt_actions(before, taken, example_line, learnt, task).actions
+    taken_first = AbstractState("kitchen", ("table",), ("fig", "kale"), ())
+    assert "prepare meal" in with_learnt_actions(before, taken_first, "actions: +drop kale", learnt, task).actions
+    elsewhere = AbstractState("garden", ("table",), ("fig", "kale"), ())
+    assert "prepare meal" not in with_learnt_actions(before, elsewhere, example_line, learnt, task).actions
+    # Without the task's objects the example's line decides, as before.
+    assert "prepare meal" in with_learnt_actions(before, taken, example_line, learnt).actions
+    # In the prompt's names: the task's objects are placeholders, led back to the real ones.
+    names = Placeholders({"kale": "obj1", "fig": "obj2", "lime": "obj3"})
+    shown = names.forward.abstract(before)
+    change = "inventory: +obj3\nactions: +drop obj3; +prepare meal"
+    adapted = applied(shown, adapted_change(shown, change, names, learnt, task_objects=("obj1", "obj2", "obj3")))
+    assert "prepare meal" not in adapted.actions and "drop obj3" in adapted.actions
+    # Saved and loaded, the rule holds; a file saved before it was learnt loads with none.
+    path = tmp_path / "affordances.json"
+    learnt.save(path)
+    assert Affordances.load(path).task_actions == learnt.task_actions
+    data = json.loads(path.read_text())
+    del data["task_actions"]
+    path.write_text(json.dumps(data))
+    assert Affordances.load(path).task_actions == {}

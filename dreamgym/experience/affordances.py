@@ -21,6 +21,10 @@ objects a state shows, the same way in every game, so they are learnt from the d
 - an action on objects the step leaves as they were is kept from the previous state; actions on
   no object (`go west`, `prepare meal`) are the previous state's, changed as the example's change
   changes them (on a move, its new list's: the exits of the room it enters).
+- an action on no object that the training states offered exactly where one of the task's objects
+  (by its place in the task, the domain's `task_objects`) was carried, in the places they offered
+  it, follows that rule (`learnt_task_actions`): `prepare meal` in the kitchen while the recipe's
+  first ingredient is carried, whatever the example's own task and items made of it.
 
 Nothing here names a verb or an object: templates and states come from the data (a portable
 object is one a state shows carried or takeable: `placeholders.carried_names`).
@@ -44,6 +48,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from dreamgym.domain import NO_RULES, Domain
 from dreamgym.experience.format import NO_CHANGE, applied, state_delta
 from dreamgym.placeholders import Placeholders, carried_names
 from dreamgym.state import ITEM_SEPARATOR, AbstractState, format_item, item_name, parse_state
@@ -80,6 +85,9 @@ LEGACY_LEVELS = (
     (4, True, False),
 )
 ANY_STATES = "*"
+# A task's action (`learnt_task_actions`) is learnt from at least this many distinct training
+# states that offer it and as many, in its places, that withhold it, where no state disagrees.
+MIN_TASK_STATES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +173,7 @@ class Affordances:
         known_states: set[str] | None = None,
         returns: dict[str, str] | None = None,
         precedes: set[tuple[str, str]] | None = None,
+        task_actions: dict[str, tuple[int, tuple[str, ...]]] | None = None,
     ):
         self.kept = kept or frozenset()
         # Learnt with them from the same rows: each move's way back (learnt_returns), which
@@ -173,6 +182,9 @@ class Affordances:
         # (a, b) where an item of the states wrote descriptor a before b (`_order_key`s): the order
         # `with_own_states` writes an object's descriptors in.
         self.precedes: set[tuple[str, str]] = set(precedes or ())
+        # action -> (the position in the task of the object it needs carried, the places it is offered
+        # in): learnt_task_actions.
+        self.task_actions: dict[str, tuple[int, tuple[str, ...]]] = dict(task_actions or {})
         self.votes: dict[tuple, list[int]] = defaultdict(lambda: [0, 0], votes or {})
         self.slot_kinds: dict[tuple[str, int], set] = defaultdict(set, slot_kinds or {})
         self.known_states = set(known_states or ())
@@ -343,6 +355,7 @@ class Affordances:
             "known_states": sorted(self.known_states),
             "returns": self.returns,
             "precedes": sorted(self.precedes),
+            "task_actions": self.task_actions,
             "levels": LEVELS,
         }
         path = Path(path)
@@ -368,6 +381,9 @@ class Affordances:
             set(data["known_states"]),
             data.get("returns", {}),  # saved before the ways back were learnt: none
             {tuple(pair) for pair in data.get("precedes", ())},  # before the order was: appended
+            {  # saved before the tasks' actions were learnt: none
+                action: (position, tuple(places)) for action, (position, places) in data.get("task_actions", {}).items()
+            },
         )
 
     def ordered(self, descriptors: Iterable[str], added: str) -> list[str]:
@@ -407,12 +423,59 @@ def learnt_returns(rows: Iterable[Mapping]) -> dict[str, str]:
     }
 
 
-def learnt_from_rows(rows: Iterable[dict], kept: frozenset[str] | None) -> Affordances:
+def learnt_task_actions(rows: Iterable[Mapping], domain: Domain) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """The actions on no object whose offer follows the task: for each, the position in the task
+    (`domain.task_objects` of the row's instruction) of the object it needs carried, and the places
+    it is offered in, where the training states offered it exactly there: in one of those places
+    with that object carried, never elsewhere or without it (at least `MIN_TASK_STATES` distinct
+    states each way, none against). tw-cooking offers `prepare meal` in the kitchen while the
+    recipe's first ingredient is carried (1,447 training states; none against, 2026-11-29); copied
+    from an example whose taken item was its own recipe's first, a shifted set's `take` steps
+    offered it 26 times where the game did not and withheld it 9 times where it did."""
+    seen: Counter = Counter()  # (place, which task objects are carried, actions on no object)
+    for instruction, text in dict.fromkeys(
+        (row.get("instruction") or "", row[column]) for row in rows for column in ("state", "next_state")
+    ):
+        task = domain.task_objects(instruction) if instruction else ()
+        if not task:
+            continue
+        state = parse_state(text)
+        carried = {item_name(item) for item in state.inventory}
+        plain = frozenset(actions_on_no_object(state.actions, items_of(state)))
+        seen[(state.location, tuple(name in carried for name in task), plain)] += 1
+    places: dict[str, set[str]] = defaultdict(set)
+    for place, _, plain in seen:
+        for action in plain:
+            places[action].add(place)
+    learnt = {}
+    longest = max((len(carried) for _, carried, _ in seen), default=0)
+    for action, offered_in in sorted(places.items()):
+        for position in range(longest):
+            told = [
+                (place, carried, plain, count)
+                for (place, carried, plain), count in seen.items()
+                if len(carried) > position
+            ]
+            if any(
+                (action in plain) != (carried[position] and place in offered_in) for place, carried, plain, _ in told
+            ):
+                continue
+            offers = sum(count for _, _, plain, count in told if action in plain)
+            withholds = sum(count for place, _, plain, count in told if place in offered_in and action not in plain)
+            if offers >= MIN_TASK_STATES and withholds >= MIN_TASK_STATES:
+                learnt[action] = (position, tuple(sorted(offered_in)))
+                break
+    return learnt
+
+
+def learnt_from_rows(rows: Iterable[dict], kept: frozenset[str] | None, domain: Domain = NO_RULES) -> Affordances:
     """Affordances learnt from the states of transition rows (`dreamgym.data.schema`), with the
-    ways back of their moves (`learnt_returns`)."""
+    ways back of their moves (`learnt_returns`) and, by `domain`'s rules, the actions that follow
+    the task (`learnt_task_actions`)."""
     rows = list(rows)
     learnt = Affordances.learn((parse_state(row[column]) for row in rows for column in ("state", "next_state")), kept)
     learnt.returns = learnt_returns(rows)
+    learnt.task_actions = learnt_task_actions(rows, domain)
     return learnt
 
 
@@ -432,7 +495,11 @@ def actions_on_no_object(actions: Iterable[str], names: Iterable[str]) -> set[st
 
 
 def with_learnt_actions(
-    previous: AbstractState, state: AbstractState, actions_line: str, affordances: Affordances
+    previous: AbstractState,
+    state: AbstractState,
+    actions_line: str,
+    affordances: Affordances,
+    task_objects: tuple[str, ...] = (),
 ) -> AbstractState:
     """`state` with the object actions learnt for it, and the previous state's actions on no object
     changed as `actions_line` (a delta's `actions` line, or "" where it has none) changes them: its
@@ -440,7 +507,8 @@ def with_learnt_actions(
     that list's actions on no object (the exits of the new room). An action on an object the step
     used up (`drop carrot` once `prepare meal` took the carrot) is an action on an object, gone with
     it: kept as one on no object, it stayed wherever the example's own change did not remove it
-    (2026-11-29)."""
+    (2026-11-29). With the task's objects (`task_objects`, in its order), an action that follows
+    the task (`Affordances.task_actions`) is offered where its rule says, and nowhere else."""
     items = items_of(state)
     if actions_line.startswith(ACTIONS_REPLACED):
         listed = actions_line[len(ACTIONS_REPLACED) :].strip()
@@ -452,6 +520,11 @@ def with_learnt_actions(
         for entry in entries:
             if len(entry) > 1 and not template_of(entry[1:], named)[1]:
                 (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
+    carried = {item_name(item) for item in state.inventory}
+    for action, (position, places) in affordances.task_actions.items():
+        if position < len(task_objects):
+            offered = task_objects[position] in carried and state.location in places
+            (plain.add if offered else plain.discard)(action)
     return dataclasses.replace(state, actions=tuple(sorted(plain | affordances.predict(state, previous))))
 
 
@@ -502,8 +575,10 @@ def adapted_change(
     names: Placeholders,
     affordances: Affordances,
     made_in: AbstractState | None = None,
+    task_objects: tuple[str, ...] = (),
 ) -> str:
-    """The change a worked example makes in the query's state `shown` (the prompt's names): its
+    """The change a worked example makes in the query's state `shown` (the prompt's names; so are
+    the query's `task_objects`, with_learnt_actions): its
     objects' states carried over (`with_own_states`, given the example's own state `made_in`);
     where it applies without its `actions` line, that with the learnt actions; else `change` as it
     is (one that does not fit, which no reference may name). The actions are learnt even where the whole
@@ -523,5 +598,6 @@ def adapted_change(
         names.backward.abstract(loose),
         names.backward.text(actions_line),
         affordances,
+        tuple(names.backward.text(name) for name in task_objects),
     )
     return state_delta(shown, names.forward.abstract(real))

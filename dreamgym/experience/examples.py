@@ -312,9 +312,10 @@ def adapted_examples(
     """The retrieved transitions `found` as worked examples (`to_worked`) for taking `action` in
     `state` for the task `instruction`: each on the query's items where it is the same move
     (`on_the_query_items`), using up the query's task items where it uses up its own
-    (`on_the_task_items`, by `domain`'s task objects), its change as it makes in `state`
-    (affordances.adapted_change)."""
+    (`on_the_task_items`, by `domain`'s task objects), its change as it makes in `state` for that
+    task (affordances.adapted_change)."""
     found = [on_the_query_items(transition, action, state) for transition in found]
+    task_objects = domain.task_objects(instruction) if instruction else ()
     adapted = []
     for worked, transition in zip((to_worked(t, traced) for t in found), found):
         made_in = parse_state(transition["state"])
@@ -323,7 +324,9 @@ def adapted_examples(
             change = on_the_task_items(
                 change, made_in, transition.get("instruction"), state, instruction, action, domain
             )
-        adapted.append(dataclasses.replace(worked, delta=adapted_change(state, change, names, affordances, made_in)))
+        adapted.append(
+            dataclasses.replace(worked, delta=adapted_change(state, change, names, affordances, made_in, task_objects))
+        )
     return adapted
 
 
@@ -436,9 +439,9 @@ def build_examples(
         kept = kept_names(ordered)
     elif not config.placeholders:
         kept = None
-    if config.adapts_examples and affordances is None:  # learnt from the rows the examples are built of
-        affordances = learnt_from_rows(ordered, kept)
     domain = named_domain(config.domain)
+    if config.adapts_examples and affordances is None:  # learnt from the rows the examples are built of
+        affordances = learnt_from_rows(ordered, kept, domain)
     examples: list[Example] = []
     with tqdm(total=len(ordered), desc="SFT examples", unit="row", disable=not progress) as bar:
         for start in range(0, len(ordered), batch):

@@ -83,7 +83,7 @@ from dreamgym.state import AbstractState, item_name, parse_state
 
 # Bumped whenever the ranking changes which examples are shown, or their adaptation
 # (examples.adapted_examples) how: built examples keyed on it are then built again instead of reused.
-RANKING_VERSION = 9
+RANKING_VERSION = 10
 # The ranking's keys, most decisive first (`closeness`); experience.ranking_off switches keys off.
 RANKING_KEYS = (
     "action",
