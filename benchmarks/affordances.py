@@ -36,6 +36,7 @@ from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
+from dreamgym.domain import named_domain
 from dreamgym.experience.affordances import (
     adapted_change,
     items_of,
@@ -58,7 +59,7 @@ def _top(found: list):
     return found[0] if found else None
 
 
-def measure(rows, examples, queries, kept, affordances) -> dict:
+def measure(rows, examples, queries, kept, affordances, domain) -> dict:
     counts = {"all": Counter(), "foreseeable": Counter()}
     for row, example, query in zip(rows, examples, queries):
         state, real_next = parse_state(row["state"]), parse_state(row["next_state"])
@@ -69,10 +70,12 @@ def measure(rows, examples, queries, kept, affordances) -> dict:
         names = Placeholders.of(kept, row["action"], [state])
         shown = names.forward.abstract(state)
         changes = example_changes(example.prompt)
+        task = domain.task_objects(names.forward.text(row["instruction"]))
 
         copies = [named_back(names, applied(shown, change)) for change in changes]
         adapted = [
-            named_back(names, applied(shown, adapted_change(shown, change, names, affordances))) for change in changes
+            named_back(names, applied(shown, adapted_change(shown, change, names, affordances, task_objects=task)))
+            for change in changes
         ]
         # As they are where they apply (the rule `adapted_change` does not follow: measured against it).
         unfit = [copy if copy is not None else other for copy, other in zip(copies, adapted)]
@@ -117,7 +120,8 @@ def main() -> None:
     config = setup.config
     kept = trained_kept_names(setup.model_dir)
     training = setup.training_rows()
-    affordances = learnt_from_rows(training, kept)
+    domain = named_domain(config.experience.domain)
+    affordances = learnt_from_rows(training, kept, domain)
     report = {"model": setup.model_label, "training rows": len(training), "machine": machine(), "sets": {}}
     for games in args.games:
         out = setup.project / config.paths.outputs_dir / "experience" / f"eval-{games.resolve().name}.parquet"
@@ -134,7 +138,7 @@ def main() -> None:
                 kept=kept,
             )
         report["sets"][str(games)] = measure(
-            rows, examples, queries_of(rows, config.experience.history), kept, affordances
+            rows, examples, queries_of(rows, config.experience.history), kept, affordances, domain
         )
         print(games, json.dumps(report["sets"][str(games)], indent=1), flush=True)
     if args.json:

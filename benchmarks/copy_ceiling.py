@@ -29,6 +29,7 @@ from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.data.collect import collect_held_out
 from dreamgym.data.schema import read_transitions
+from dreamgym.domain import named_domain
 from dreamgym.experience.affordances import learnt_from_rows
 from dreamgym.experience.examples import build_examples, queries_of
 from dreamgym.experience.fidelity import foreseeable
@@ -78,7 +79,9 @@ def main() -> None:
             kept=kept,
             # as the model's training examples show them: with the actions learnt from the training
             # rows (not from these evaluation rows, which build_examples would otherwise learn from)
-            affordances=learnt_from_rows(training, kept) if settings.adapts_examples else None,
+            affordances=learnt_from_rows(training, kept, named_domain(settings.domain))
+            if settings.adapts_examples
+            else None,
         )
     # build_examples sorts as above, so example i is row i.
     queries = queries_of(rows, config.experience.history)

@@ -235,11 +235,15 @@ class WallClock(TrainerCallback):
 
 
 def run(args: argparse.Namespace) -> None:
+    from dreamgym.experience import generate
     from dreamgym.lm.model import load_model
     from dreamgym.lm.sft import train_sft
 
     started = time.perf_counter()
     deadline = started + args.deadline_seconds
+    # Settings measured against each other on a GPU (chosen on 2 CPU cores)
+    generate.CACHE = args.cache or generate.CACHE
+    generate.VERIFY_CHUNK = args.verify_chunk or generate.VERIFY_CHUNK
     config = load_config(args.params)
     report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), "args": _plain(args)}
     bundle = args.bundle
@@ -319,30 +323,68 @@ def run(args: argparse.Namespace) -> None:
         )
         save()
     if args.throughput_batches and time.perf_counter() < deadline:  # fidelity first: a lease is short
-        report["throughput"] = throughput(*first, args.throughput_batches, args.throughput)
+        report["throughput"] = throughput(*first, args.throughput_batches, args.throughput, args.repeats)
+    if args.profile and time.perf_counter() < deadline:
+        batch = args.profile_batch or max(args.throughput_batches or [32])
+        report["profile"] = profiled(*first, batch, args.throughput, args.profile)
     report["seconds"] = time.perf_counter() - started
     save()
 
 
-def throughput(experience: ExperienceModel, queries: list[Query], batches: list[int], transitions: int) -> dict:
-    """Transitions per second of `predict` at each batch size (retrieval replayed), after a warm-up;
-    one pass over the same `transitions` queries per batch size."""
+def throughput(
+    experience: ExperienceModel, queries: list[Query], batches: list[int], transitions: int, repeats: int = 1
+) -> dict:
+    """Transitions per second of `predict` at each batch size (retrieval replayed), after a warm-up:
+    `repeats` rounds, each one pass over the same `transitions` queries per batch size (the batch
+    sizes interleaved, so that a slow spell of the machine does not fall on one of them alone)."""
     import torch
 
     experience.predict(queries[:2])
-    rates = {}
-    for batch in batches:
-        chosen = queries[:transitions]
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        began = time.perf_counter()
-        for start in range(0, len(chosen), batch):
-            experience.predict(chosen[start : start + batch])
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        rates[str(batch)] = len(chosen) / (time.perf_counter() - began)
-        print(f"batch {batch}: {rates[str(batch)]:.1f} transitions/s", flush=True)
-    return {"transitions": transitions, "transitions_per_s": rates}
+    chosen = queries[:transitions]
+    runs: dict[str, list[float]] = {str(batch): [] for batch in batches}
+    for _ in range(repeats):
+        for batch in batches:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+            for start in range(0, len(chosen), batch):
+                experience.predict(chosen[start : start + batch])
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            runs[str(batch)].append(len(chosen) / (time.perf_counter() - began))
+            print(f"batch {batch}: {runs[str(batch)][-1]:.1f} transitions/s", flush=True)
+    return {
+        "transitions": len(chosen),
+        "transitions_per_s": {batch: statistics.median(rates) for batch, rates in runs.items()},
+        "runs": runs,
+    }
+
+
+def profiled(experience: ExperienceModel, queries: list[Query], batch: int, transitions: int, out: Path) -> dict:
+    """cProfile of `predict` over `transitions` queries at `batch`: the functions that take the
+    most time of their own and in all, written to `out` (text) and summed up in the report."""
+    import cProfile
+    import io
+    import pstats
+
+    chosen = queries[:transitions]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for start in range(0, len(chosen), batch):
+        experience.predict(chosen[start : start + batch])
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(60)
+    out.write_text(text.getvalue())
+    total = max(stats.total_tt, 1e-9)
+    own = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:15]
+    return {
+        "batch": batch,
+        "seconds": total,
+        "own_time_share": {f"{path}:{line}({name})": round(value[2] / total, 3) for (path, line, name), value in own},
+    }
 
 
 def _plain(values) -> dict:
@@ -375,7 +417,18 @@ def main() -> None:
     on.add_argument("--eval-batch", type=int, default=64)
     on.add_argument("--throughput-batches", type=int, nargs="*", default=[1, 32])
     on.add_argument("--throughput", type=int, default=64, help="transitions per throughput measurement")
+    on.add_argument("--repeats", type=int, default=1, help="throughput rounds (medians reported)")
     on.add_argument("--limit", type=int, help="the first episodes of each set only (a dry run)")
+    on.add_argument(
+        "--cache", choices=["static", "dynamic"], help="the KV cache generation uses [default: generate.CACHE]"
+    )
+    on.add_argument(
+        "--verify-chunk",
+        type=int,
+        help="prompts per forward pass of the drafts' check [default: generate.VERIFY_CHUNK]",
+    )
+    on.add_argument("--profile", type=Path, help="also cProfile predict at the largest throughput batch, written here")
+    on.add_argument("--profile-batch", type=int, help="cProfile at this batch size instead")
     on.add_argument(
         "--deadline-seconds", type=float, default=480.0, help="no set or speed measurement is started after this"
     )
