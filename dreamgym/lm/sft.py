@@ -50,6 +50,7 @@ from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import (
     FROM_SCRATCH,
     ModelSettings,
+    deterministic_kernels,
     init_model,
     load_pretrained,
     save_model,
@@ -447,6 +448,7 @@ def train_sft(
     finished = _finished_result(output_dir)
     if finished is not None:
         return finished
+    deterministic_kernels()
 
     checkpoint = latest_checkpoint(output_dir / "checkpoints")
     model, tokenizer = _model_and_tokenizer(examples, config, seed, checkpoint)

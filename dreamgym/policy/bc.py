@@ -67,7 +67,7 @@ from dreamgym.config import PolicyConfig
 from dreamgym.data.schema import MISTAKE_POLICY
 from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
-from dreamgym.lm.model import FROM_SCRATCH, init_model, load_pretrained, train_tokenizer
+from dreamgym.lm.model import FROM_SCRATCH, deterministic_kernels, init_model, load_pretrained, train_tokenizer
 from dreamgym.lm.sft import RESULT_FILE, TrainResult, claim_run_directory, train_sft, training_settings
 from dreamgym.placeholders import kept_names
 from dreamgym.policy.model import Policy, action_completion, save_settings
@@ -260,6 +260,7 @@ def _train_choice(
             TrainResult.from_json(finished.read_text()), model_dir=output_dir / "model", reused=True
         )
 
+    deterministic_kernels()
     policy = initial_policy(examples, config, seed, kept).train()
     tokens, truncated = _token_counts(examples, policy)
     if log_to_mlflow:

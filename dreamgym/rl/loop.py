@@ -41,6 +41,7 @@ from dreamgym.curriculum import Curriculum
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.errors import DreamgymError
+from dreamgym.lm.model import deterministic_kernels
 from dreamgym.lm.sft import claim_run_directory, progress_bars
 from dreamgym.policy.model import Policy, load_policy
 from dreamgym.rl.common import Sample
@@ -257,6 +258,7 @@ def _train_rl(
     progress: bool,
 ) -> RLResult:
     started = time.perf_counter()
+    deterministic_kernels()
     identity = {
         "settings": config_to_dict(config),
         "seed": seed,
