@@ -577,8 +577,8 @@ def adapted_change(
     made_in: AbstractState | None = None,
     task_objects: tuple[str, ...] = (),
 ) -> str:
-    """The change a worked example makes in the query's state `shown` (the prompt's names; so are
-    the query's `task_objects`, with_learnt_actions): its
+    """The change a worked example makes in the query's state `shown` (in the prompt's names, as are
+    the query's `task_objects`, which decide the actions that follow the task): its
     objects' states carried over (`with_own_states`, given the example's own state `made_in`);
     where it applies without its `actions` line, that with the learnt actions; else `change` as it
     is (one that does not fit, which no reference may name). The actions are learnt even where the whole
