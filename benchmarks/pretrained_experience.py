@@ -347,8 +347,7 @@ def throughput(
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             began = time.perf_counter()
-            for start in range(0, len(chosen), batch):
-                experience.predict(chosen[start : start + batch])
+            _predict_all(experience, chosen, batch)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             runs[str(batch)].append(len(chosen) / (time.perf_counter() - began))
@@ -358,6 +357,11 @@ def throughput(
         "transitions_per_s": {batch: statistics.median(rates) for batch, rates in runs.items()},
         "runs": runs,
     }
+
+
+def _predict_all(experience: ExperienceModel, queries: list[Query], batch: int) -> None:
+    for start in range(0, len(queries), batch):
+        experience.predict(queries[start : start + batch])
 
 
 def profiled(experience: ExperienceModel, queries: list[Query], batch: int, transitions: int, out: Path) -> dict:
@@ -370,8 +374,7 @@ def profiled(experience: ExperienceModel, queries: list[Query], batch: int, tran
     chosen = queries[:transitions]
     profiler = cProfile.Profile()
     profiler.enable()
-    for start in range(0, len(chosen), batch):
-        experience.predict(chosen[start : start + batch])
+    _predict_all(experience, chosen, batch)
     profiler.disable()
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)

@@ -440,22 +440,23 @@ def learnt_task_actions(rows: Iterable[Mapping], domain: Domain) -> dict[str, tu
         if not task:
             continue
         state = parse_state(text)
-        carried = {item_name(item) for item in state.inventory}
-        plain = frozenset(actions_on_no_object(state.actions, items_of(state)))
-        seen[(state.location, tuple(name in carried for name in task), plain)] += 1
+        items = items_of(state)
+        plain = frozenset(actions_on_no_object(state.actions, items))
+        carried = tuple(name in items and items[name].field == "inventory" for name in task)
+        seen[(state.location, carried, plain)] += 1
     places: dict[str, set[str]] = defaultdict(set)
     for place, _, plain in seen:
         for action in plain:
             places[action].add(place)
-    learnt = {}
     longest = max((len(carried) for _, carried, _ in seen), default=0)
+    # The states whose task has an object at each position.
+    told_at = [
+        [(place, carried, plain, count) for (place, carried, plain), count in seen.items() if len(carried) > position]
+        for position in range(longest)
+    ]
+    learnt = {}
     for action, offered_in in sorted(places.items()):
-        for position in range(longest):
-            told = [
-                (place, carried, plain, count)
-                for (place, carried, plain), count in seen.items()
-                if len(carried) > position
-            ]
+        for position, told in enumerate(told_at):
             if any(
                 (action in plain) != (carried[position] and place in offered_in) for place, carried, plain, _ in told
             ):
@@ -520,7 +521,7 @@ def with_learnt_actions(
         for entry in entries:
             if len(entry) > 1 and not template_of(entry[1:], named)[1]:
                 (plain.add if entry[0] == "+" else plain.discard)(entry[1:])
-    carried = {item_name(item) for item in state.inventory}
+    carried = {name for name, item in items.items() if item.field == "inventory"}
     for action, (position, places) in affordances.task_actions.items():
         if position < len(task_objects):
             offered = task_objects[position] in carried and state.location in places
