@@ -88,9 +88,24 @@ class GamesConfig:
         int,
         _help("Held-out evaluation games (--split test: unseen foods and preparations).", ge=0, lt=GAME_SEED_STRIDE),
     ] = 40
+    task_count: Annotated[
+        int,
+        _help(
+            "More training-split games (the ones after the training games) whose tasks RL practises: no "
+            "trajectory is collected from them; RL in DreamEnv starts from their initial states (one reset "
+            "each, no step) and RL in the real games may play them. 0: RL practises the training games only.",
+            ge=0,
+            lt=GAME_SEED_STRIDE,
+        ),
+    ] = 80
     workers: Annotated[int, _help("Games compiled in parallel.", ge=1)] = 2
 
     def __post_init__(self) -> None:
+        if self.train_count + self.task_count > GAME_SEED_STRIDE:
+            raise ValueError(
+                f"train_count + task_count is {self.train_count + self.task_count}, above the "
+                f"{GAME_SEED_STRIDE} games a seed has: lower task_count"
+            )
         for value in self.recipe:
             if not 1 <= value <= 5:
                 raise ValueError(f"recipe value {value} is out of range: use 1 to 5 ingredients")

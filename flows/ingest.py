@@ -53,7 +53,9 @@ class IngestResult:
     cached_stages: list[str]  # task names an earlier run did (Stages.cached)
     train_games: int
     test_games: int
+    task_games: int
     test_games_dir: str
+    task_games_dir: str  # training-split games whose tasks RL practises; no trajectories of them
     collection: CollectionResult
     validation: ValidationResult
     validated_path: str  # the rows that passed validation: what every later stage reads
@@ -66,7 +68,7 @@ class IngestResult:
         how = "reused" if collection.reused else f"collected in {collection.seconds:.0f}s"
         return [
             ("data version (DVC md5)", f"{self.data_md5} ({'new' if self.data_changed else 'unchanged'})"),
-            ("games (train / held-out test)", f"{self.train_games} / {self.test_games}"),
+            ("games (train / held-out test / RL tasks)", f"{self.train_games} / {self.test_games} / {self.task_games}"),
             ("transitions / trajectories", f"{collection.transitions} / {collection.trajectories} ({how})"),
             ("success rate in the data", f"{collection.success_rate:.1%}"),
             ("quarantined rows", f"{validation.quarantined_rows} ({validation.bad_fraction:.2%})"),
@@ -84,7 +86,7 @@ class IngestResult:
 @task(
     name="generate-games",
     retries=1,
-    cache_key_fn=stage_key(params=("out_dir", "split", "count", "seed", "games"), outputs=("out_dir",)),
+    cache_key_fn=stage_key(params=("out_dir", "split", "count", "seed", "games", "first"), outputs=("out_dir",)),
 )
 def generate_games_task(
     out_dir: str,
@@ -92,8 +94,9 @@ def generate_games_task(
     count: int,
     seed: int,
     games: GamesConfig,
+    first: int = 0,
 ) -> list[str]:
-    specs, pieces = plan_games(games, split, count, seed), fanout()
+    specs, pieces = plan_games(games, split, count, seed, first), fanout()
     if pieces is None:
         paths, made = generate_games(specs, out_dir, workers=games.workers)
     else:  # the flow runs on Ray (flows/compute.py): the same games, made by its workers
@@ -207,6 +210,15 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
         test_games = generate_games_task(
             str(data_dir / "games" / "test"), "test", config.games.test_count, config.seed, config.games
         )
+        # The games after the training ones: tasks for RL, no trajectories collected.
+        task_games = generate_games_task(
+            str(data_dir / "games" / "tasks"),
+            "train",
+            config.games.task_count,
+            config.seed,
+            config.games,
+            first=config.games.train_count,
+        )
         stages = Stages()
         collection = stages.run(
             collect_task,
@@ -220,6 +232,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
             {
                 "train_games": len(train_games),
                 "test_games": len(test_games),
+                "task_games": len(task_games),
                 "collect_transitions": collection.transitions,
                 "collect_trajectories": collection.trajectories,
                 "collect_success_rate": collection.success_rate,
@@ -275,7 +288,9 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
             cached_stages=list(stages.cached),
             train_games=len(train_games),
             test_games=len(test_games),
+            task_games=len(task_games),
             test_games_dir=str(data_dir / "games" / "test"),
+            task_games_dir=str(data_dir / "games" / "tasks"),
             collection=collection,
             validation=validation,
             validated_path=validation.clean_path,

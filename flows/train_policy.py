@@ -27,7 +27,7 @@ from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.recall import RecallingDynamics
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.envs.textworld_env import TextWorldEnv, load_task, tasks_at_start
 from dreamgym.evaluation import (
     current_eval_set,
     episodes_path,
@@ -183,12 +183,18 @@ def _log_epoch(prefix: str, recalling: RecallingDynamics | None = None):
     return log
 
 
+def _games(games_dir: str | None) -> list[Path]:
+    """The games in `games_dir`; none where it is not given or not there (a project from before
+    `games.task_count`)."""
+    return list_games(games_dir) if games_dir is not None and Path(games_dir).is_dir() else []
+
+
 @task(
     name="rl-in-dream-env",
     cache_key_fn=stage_key(
         sections=("rl", "curriculum", "experience", "buffer", "seed"),
         params=("start", "out_dir", "experience_dir", "experience_label", "run_dir"),
-        files=("validated",),
+        files=("validated", "task_games_dir"),
         outputs=("out_dir",),
         environment=("DATABASE_URL",),
     ),
@@ -202,9 +208,11 @@ def dream_rl_task(
     run_dir: str,
     config: PipelineConfig,
     train_games_dir: str | None = None,
+    task_games_dir: str | None = None,
 ) -> RLResult:
-    """RL in DreamEnv on the real initial states of the training tasks, with the curriculum and
-    its variations (`curriculum.variations`); synthetic transitions written back. With
+    """RL in DreamEnv on the real initial states of the training tasks and of the games in
+    `task_games_dir` (`games.task_count`: read by a reset, no step), with the curriculum and its
+    variations (`curriculum.variations`); synthetic transitions written back. With
     `train_games_dir`, each epoch's seed tasks are also played in their real games (the
     dream-vs-real gap, logged per epoch; never learned from)."""
     from dreamgym.buffer.migrations import open_migrated
@@ -212,7 +220,8 @@ def dream_rl_task(
     from dreamgym.experience.generate import open_experience_model
 
     rows = read_transitions(validated).to_pylist()
-    seeds = seed_tasks(rows)
+    task_games = _games(task_games_dir)
+    seeds = seed_tasks(rows) + tasks_at_start(task_games)
     label = Path(out_dir).name
     with contextlib.ExitStack() as stack:
         experience = stack.enter_context(open_experience_model(experience_dir, run_dir, config))
@@ -240,10 +249,11 @@ def dream_rl_task(
 
         real_check = None
         if train_games_dir is not None:
+            game_of = {game.stem: game for game in [*_games(train_games_dir), *task_games]}
 
             def real_task(task):
-                game = Path(train_games_dir) / f"{task.task_id}.z8"
-                return load_task(game) if game.is_file() else None
+                game = game_of.get(task.task_id)
+                return load_task(game) if game is not None else None
 
             real_check = RealCheck(
                 lambda: TextWorldEnv(config.rl.max_steps),
@@ -270,15 +280,22 @@ def dream_rl_task(
     cache_key_fn=stage_key(
         sections=("rl", "curriculum", "seed"),
         params=("start", "out_dir", "budget"),
-        files=("train_games_dir",),
+        files=("train_games_dir", "task_games_dir"),
         outputs=("out_dir",),
     ),
 )
 def real_rl_task(
-    start: str, out_dir: str, train_games_dir: str, budget: int, config: PipelineConfig, prefix: str = "rl_"
+    start: str,
+    out_dir: str,
+    train_games_dir: str,
+    budget: int,
+    config: PipelineConfig,
+    prefix: str = "rl_",
+    task_games_dir: str | None = None,
 ) -> RLResult:
-    """RL in the real training games, stopped after `budget` real transitions."""
-    seeds = [load_task(game) for game in list_games(train_games_dir)]
+    """RL in the real training games and those of `task_games_dir` (the tasks RL in DreamEnv
+    practises too), stopped after `budget` real transitions."""
+    seeds = [load_task(game) for game in [*list_games(train_games_dir), *_games(task_games_dir)]]
     curriculum = Curriculum(seeds, config.curriculum, config.seed)  # real games: no variations
     return train_rl(
         start,
@@ -377,9 +394,18 @@ def train_policy(
                 run_dir,
                 phase,
                 train_games_dir,
+                ingested.task_games_dir,
             )
         else:
-            rl = stages.run(real_rl_task, bc.bc, str(rl_dir), train_games_dir, config.rl.real_budget, config)
+            rl = stages.run(
+                real_rl_task,
+                bc.bc,
+                str(rl_dir),
+                train_games_dir,
+                config.rl.real_budget,
+                config,
+                task_games_dir=ingested.task_games_dir,
+            )
         final, real_used, s2r_seconds = rl.policy_dir, rl.real_transitions, 0.0
         # Whether the last training phase was done by an earlier run (a bench goes on from there).
         trained_before = rl.reused or stages.was_cached(dream_rl_task if config.rl.env == "dream" else real_rl_task)
@@ -397,6 +423,7 @@ def train_policy(
                 config.rl.s2r_budget,
                 config,
                 prefix="s2r_",
+                task_games_dir=ingested.task_games_dir,
             )
             final, real_used, s2r_seconds = s2r.policy_dir, real_used + s2r.real_transitions, s2r.seconds
             trained_before = s2r.reused or stages.was_cached(real_rl_task)

@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Small games keep the suite fast: one or two ingredients, one or six rooms.
-TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1)
+TINY_GAMES = GamesConfig(recipe=(1, 2), take=(1, 2), go=(1, 6), train_count=3, test_count=1, task_count=1)
 # A from-scratch experience model small enough to learn one episode by heart in ~30 s of CPU; no
 # retrieval (no buffer needed), no reasoning, no placeholders (test_experience_placeholders.py has
 # them). Modules import it as `from conftest import ...`.
@@ -90,6 +90,15 @@ def made_once(tmp_path_factory, name: str) -> Iterator[Path]:
 def train_games(tmp_path_factory) -> list[Path]:
     specs = plan_games(TINY_GAMES, "train", TINY_GAMES.train_count, seed=0)
     with made_once(tmp_path_factory, "train-games") as folder:
+        paths, _ = generate_games(specs, folder, workers=2, progress=False)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def task_games(tmp_path_factory) -> list[Path]:
+    """The training-split games after the training ones, whose tasks RL practises (games.task_count)."""
+    specs = plan_games(TINY_GAMES, "train", TINY_GAMES.task_count, seed=0, first=TINY_GAMES.train_count)
+    with made_once(tmp_path_factory, "task-games") as folder:
         paths, _ = generate_games(specs, folder, workers=2, progress=False)
     return paths
 

@@ -110,3 +110,15 @@ def test_list_games_explains_an_empty_or_missing_folder(tmp_path):
         list_games(tmp_path / "nope")
     with pytest.raises(DreamgymError, match=r"no \.z8 games"):
         list_games(tmp_path)
+
+
+def test_task_games_come_after_the_training_games_as_the_same_seeds_would_make_them():
+    config = GamesConfig(train_count=3, task_count=2)
+    training = plan_games(config, "train", config.train_count, seed=7)
+    tasks = plan_games(config, "train", config.task_count, seed=7, first=config.train_count)
+    assert tasks == plan_games(config, "train", 5, seed=7)[3:]
+    assert not {spec.name for spec in tasks} & {spec.name for spec in training}
+    with pytest.raises(DreamgymError, match=r"games 99999\.\.100000 are out of range"):
+        plan_games(config, "train", 2, seed=7, first=99_999)
+    with pytest.raises(ValueError, match=r"train_count \+ task_count is 100039, .* lower task_count"):
+        GamesConfig(train_count=40, task_count=99_999)

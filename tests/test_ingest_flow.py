@@ -15,10 +15,16 @@ from dreamgym.data.versioning import read_version
 from dreamgym.errors import DreamgymError
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"games.train_count": 3, "games.test_count": 1, "collect.episodes_per_game": 3, "env.max_steps": 30}
+TINY = {
+    "games.train_count": 3,
+    "games.test_count": 1,
+    "games.task_count": 1,
+    "collect.episodes_per_game": 3,
+    "env.max_steps": 30,
+}
 
 
-def make_project(root: Path, train_games: list[Path], test_games: list[Path]) -> Path:
+def make_project(root: Path, train_games: list[Path], test_games: list[Path], task_games: list[Path]) -> Path:
     """A project checkout (its parameter file, DVC stages and the code they depend on) with the
     session's games already in place (same seed and settings)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -27,7 +33,7 @@ def make_project(root: Path, train_games: list[Path], test_games: list[Path]) ->
         shutil.copy(ROOT / name, root / name)
     for package in ("dreamgym", "flows"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    for split, games in (("train", train_games), ("test", test_games)):
+    for split, games in (("train", train_games), ("test", test_games), ("tasks", task_games)):
         target = root / "data" / "games" / split
         target.mkdir(parents=True)
         for game in games:
@@ -37,8 +43,8 @@ def make_project(root: Path, train_games: list[Path], test_games: list[Path]) ->
 
 
 @pytest.fixture
-def project(tmp_path, train_games, test_games) -> Path:
-    return make_project(tmp_path, train_games, test_games)
+def project(tmp_path, train_games, test_games, task_games) -> Path:
+    return make_project(tmp_path, train_games, test_games, task_games)
 
 
 def _runs(experiment: str):
@@ -56,7 +62,7 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     first = ingest(config, str(project))
     version = read_version(project)
     assert first.data_md5 == version.md5 and first.data_changed
-    assert first.train_games == 3 and first.test_games == 1
+    assert (first.train_games, first.test_games, first.task_games) == (3, 1, 1)
     # 3 behaviour-policy episodes and 1 with a mistake (collect.mistake_episodes) per game
     assert first.collection.trajectories == 3 * (3 + 1) and not first.collection.reused
     assert 0.0 < first.collection.success_rate <= 1.0

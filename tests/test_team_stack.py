@@ -39,10 +39,10 @@ def _write_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def _checkout(root: Path, train_games, test_games) -> Path:
+def _checkout(root: Path, train_games, test_games, task_games) -> Path:
     """A teammate's checkout: the code (and the buffer's schema, which a worker reads from the
     checkout it runs) with the session's games in place."""
-    project = make_project(root, train_games, test_games)
+    project = make_project(root, train_games, test_games, task_games)
     shutil.copy(ROOT / "prefect.yaml", project / "prefect.yaml")
     shutil.copytree(ROOT / "sql", project / "sql")
     return project
@@ -58,7 +58,7 @@ def _write_overrides(params: Path, overrides: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def team(tmp_path_factory, train_games, test_games):
+def team(tmp_path_factory, train_games, test_games, task_games):
     """The stack up on free ports, with a Ray head and a worker serving checkout A; torn down afterwards."""
     from dreamgym.stack.processes import Stack
     from dreamgym.stack.settings import load_settings
@@ -66,7 +66,7 @@ def team(tmp_path_factory, train_games, test_games):
     root = tmp_path_factory.mktemp("team")
     env_file = root / "team.env"
     values = _write_env_file(env_file)
-    checkout = _checkout(root / "checkout-a", train_games, test_games)
+    checkout = _checkout(root / "checkout-a", train_games, test_games, task_games)
     stack = Stack(root / "stack", load_settings(env_file), checkout, with_ray=True, ray_cpus=2)
     try:
         stack.up()
@@ -118,7 +118,7 @@ def _logs_tail(stack, chars: int = 3000) -> str:
 
 @pytest.mark.long
 def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares_its_registry(
-    team, train_games, test_games, tmp_path
+    team, train_games, test_games, task_games, tmp_path
 ):
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -252,7 +252,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     # so its version is 2, and the gate measures it against the champion the team chose (version
     # 1, approved by hand as an operator does with `mlflow` aliases), not against BC.
     client.set_registered_model_alias("dreamgym-policy", "champion", "1")
-    other = _checkout(tmp_path / "checkout-b", train_games, test_games)
+    other = _checkout(tmp_path / "checkout-b", train_games, test_games, task_games)
     _write_overrides(other / "params.yaml", OVERRIDES)
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dreamgym"), "run"],

@@ -4,7 +4,7 @@ import pytest
 
 from dreamgym.envs.base import EnvError, GameFileError, Task
 from dreamgym.envs.checker import EnvCheckError, check_env
-from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, compact_recipe, load_task
+from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, compact_recipe, load_task, tasks_at_start
 from dreamgym.state import parse_state
 
 
@@ -127,3 +127,15 @@ def test_missing_and_corrupt_game_files_are_rejected_before_loading(train_games,
         check_game_file(tmp_path / "text.z8")
     with pytest.raises(GameFileError, match="does not exist"):
         TextWorldEnv().reset(Task("x", "cook", "textworld", game_file=str(tmp_path / "nope.z8")))
+
+
+def test_a_games_task_at_its_start_is_its_first_observation(task_games, train_games):
+    """RL in DreamEnv starts from these (games.task_count): the state a reset shows, no step taken."""
+    tasks = tasks_at_start(task_games + train_games[:1])
+    env = TextWorldEnv()
+    for task, game in zip(tasks, task_games + train_games[:1]):
+        observation, info = env.reset(load_task(game))
+        assert task.initial_state == observation and task.game_file == str(game.resolve())
+        assert task.task_id == game.stem and task.max_score == info["max_score"]
+        assert parse_state(task.initial_state).actions
+    env.close()

@@ -114,18 +114,21 @@ def check_split(split: str) -> str:
     return split
 
 
-def plan_games(config: GamesConfig, split: str, count: int, seed: int) -> list[GameSpec]:
-    """The specs of games 0..count-1 of a split: deterministic for (config, split, count, seed)."""
+def plan_games(config: GamesConfig, split: str, count: int, seed: int, first: int = 0) -> list[GameSpec]:
+    """The specs of games first..first+count-1 of a split: deterministic for (config, split, count,
+    seed, first); game i is the same whatever `first` and `count` take it in."""
     check_split(split)
-    if not 0 <= count <= SEED_STRIDE:
-        raise DreamgymError(f"game count must be 0 to {SEED_STRIDE}, got {count}")
+    if not 0 <= first + count <= SEED_STRIDE or count < 0 or first < 0:
+        raise DreamgymError(
+            f"games {first}..{first + count - 1} are out of range: a seed has games 0 to {SEED_STRIDE - 1}"
+        )
     if not 0 <= seed <= MAX_SEED:
         raise DreamgymError(
             f"seed {seed} is out of range: use 0 to {MAX_SEED} (game i gets seed * "
             f"{SEED_STRIDE} + i, and tw-make takes seeds below 2**32)"
         )
     specs = []
-    for index in range(count):
+    for index in range(first, first + count):
         game_seed = seed * SEED_STRIDE + index
         rng = random.Random(game_seed)
         recipe = rng.choice(config.recipe)
