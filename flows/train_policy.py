@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.config import PipelineConfig, RLConfig, config_to_dict
 from dreamgym.curriculum import Curriculum
-from dreamgym.data.games import list_games
+from dreamgym.data.games import games_if_any, list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.recall import RecallingDynamics
@@ -183,12 +183,6 @@ def _log_epoch(prefix: str, recalling: RecallingDynamics | None = None):
     return log
 
 
-def _games(games_dir: str | None) -> list[Path]:
-    """The games in `games_dir`; none where it is not given or not there (a project from before
-    `games.task_count`)."""
-    return list_games(games_dir) if games_dir is not None and Path(games_dir).is_dir() else []
-
-
 @task(
     name="rl-in-dream-env",
     cache_key_fn=stage_key(
@@ -220,7 +214,7 @@ def dream_rl_task(
     from dreamgym.experience.generate import open_experience_model
 
     rows = read_transitions(validated).to_pylist()
-    task_games = _games(task_games_dir)
+    task_games = games_if_any(task_games_dir)
     seeds = seed_tasks(rows) + tasks_at_start(task_games)
     label = Path(out_dir).name
     with contextlib.ExitStack() as stack:
@@ -249,7 +243,7 @@ def dream_rl_task(
 
         real_check = None
         if train_games_dir is not None:
-            game_of = {game.stem: game for game in [*_games(train_games_dir), *task_games]}
+            game_of = {game.stem: game for game in [*games_if_any(train_games_dir), *task_games]}
 
             def real_task(task):
                 game = game_of.get(task.task_id)
@@ -295,7 +289,7 @@ def real_rl_task(
 ) -> RLResult:
     """RL in the real training games and those of `task_games_dir` (the tasks RL in DreamEnv
     practises too), stopped after `budget` real transitions."""
-    seeds = [load_task(game) for game in [*list_games(train_games_dir), *_games(task_games_dir)]]
+    seeds = [load_task(game) for game in [*list_games(train_games_dir), *games_if_any(task_games_dir)]]
     curriculum = Curriculum(seeds, config.curriculum, config.seed)  # real games: no variations
     return train_rl(
         start,

@@ -16,6 +16,7 @@ from dreamgym.data.games import (
     _tw_make,
     fix_serial,
     game_setting,
+    games_if_any,
     generate_games,
     list_games,
     plan_games,
@@ -122,3 +123,10 @@ def test_task_games_come_after_the_training_games_as_the_same_seeds_would_make_t
         plan_games(config, "train", 2, seed=7, first=99_999)
     with pytest.raises(ValueError, match=r"train_count \+ task_count is 100039, .* lower task_count"):
         GamesConfig(train_count=40, task_count=99_999)
+
+
+def test_games_if_any_is_none_for_no_missing_or_empty_folder_and_the_games_otherwise(train_games, tmp_path):
+    """`games.task_count: 0` leaves data/games/tasks empty, and RL then practises the training games only."""
+    (tmp_path / "empty").mkdir()
+    assert games_if_any(None) == games_if_any(tmp_path / "nope") == games_if_any(tmp_path / "empty") == []
+    assert games_if_any(train_games[0].parent) == list_games(train_games[0].parent)

@@ -118,7 +118,7 @@ def plan_games(config: GamesConfig, split: str, count: int, seed: int, first: in
     """The specs of games first..first+count-1 of a split: deterministic for (config, split, count,
     seed, first); game i is the same whatever `first` and `count` take it in."""
     check_split(split)
-    if not 0 <= first + count <= SEED_STRIDE or count < 0 or first < 0:
+    if first < 0 or count < 0 or first + count > SEED_STRIDE:
         raise DreamgymError(
             f"games {first}..{first + count - 1} are out of range: a seed has games 0 to {SEED_STRIDE - 1}"
         )
@@ -296,6 +296,14 @@ def generate_games(
             for future in as_completed(futures):
                 future.result()
     return paths, len(todo)
+
+
+def games_if_any(games_dir: str | Path | None) -> list[Path]:
+    """The `.z8` games in a folder, sorted; none where no folder is given, it is not there or it is
+    empty (`games.task_count: 0` makes an empty one; a project from before it has none)."""
+    if games_dir is None or not Path(games_dir).is_dir():
+        return []
+    return sorted(Path(games_dir).glob("*.z8"))
 
 
 def list_games(games_dir: str | Path) -> list[Path]:
