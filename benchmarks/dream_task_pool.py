@@ -1,30 +1,32 @@
-"""RL in DreamEnv from a BC policy with more seed tasks than the offline data has (a measurement).
+"""RL in DreamEnv from a BC policy, as the pipeline runs it, with settings changed (a measurement).
 
     .venv/bin/python benchmarks/dream_task_pool.py --start outputs/policy/bc-*/bc/model \
-        --out outputs/bench/rl-pool --task-games /work/games/train-s20 --task-count 80 \
-        [--seed 1] [--temperature 2] [--algorithm ppo]
-    .venv/bin/dreamgym eval --policy outputs/bench/rl-pool/policy --games <fresh test-split games> --json ...
+        --out outputs/bench/rl-domain [--task-games <training-split games> --task-count 80] \
+        [curriculum.variations=domain seed=1 rl.epochs=18 ...]
+    .venv/bin/dreamgym eval --policy outputs/bench/rl-domain/policy --games <fresh test-split games> --json ...
 
-DreamGym's curriculum starts from the tasks of the offline data. Here the seed tasks are also the
-starts of `--task-count` other training-split games (their recipe and the state a reset shows: no
-transition is played), so that RL in the dream meets new layouts and recipes, where the BC policy
-fails as it does on held-out games: what `games.task_count` gives the pipeline, here with any games
-and seed (`--task-count 0`: the training games' tasks only). As in the pipeline, steps the offline
-data recorded are replayed (`rl.recall_real`). Each epoch's tasks that have a real game are also
-played in it (the monitor's real check: measured, never learned from). Prints each epoch's metrics
-as JSON lines.
+The seed tasks are those of the offline data and the starts of the task games (their recipe and
+the state a reset shows: no transition is played): by default the project's own
+(`<data_dir>/games/tasks`, `games.task_count`), as the pipeline's `dream_rl_task` uses them;
+`--task-games` takes the first `--task-count` of another folder instead (`--task-count 0`: the
+training games' tasks only). KEY=VALUE settings change the project's parameters (values read as
+YAML), e.g. `curriculum.variations=domain`. As in the pipeline, steps the offline data recorded are
+replayed (`rl.recall_real`), and each epoch's tasks that have a real game are also played in it
+(the monitor's real check: measured, never learned from). Nothing is written back to the buffer.
+Prints each epoch's metrics as JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
+import yaml
 from common import model_setup
 
-from dreamgym.data.games import list_games
+from dreamgym.config import load_config
+from dreamgym.data.games import games_if_any, list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.recall import RecallingDynamics
@@ -43,29 +45,25 @@ def main() -> None:
     parser.add_argument("--model", default="dreamgym-experience")
     parser.add_argument("--start", type=Path, required=True, help="the BC policy to start from")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--task-games", type=Path, help="a folder of training-split games")
-    parser.add_argument("--task-count", type=int, default=0)
-    parser.add_argument("--seed", type=int, help="the RL seed [default: params]")
-    parser.add_argument("--temperature", type=float, help="rl.temperature [default: params]")
-    parser.add_argument("--algorithm", choices=("grpo", "ppo"), help="rl.algorithm [default: params]")
+    parser.add_argument("--task-games", type=Path, help="a folder of training-split games [default: the project's]")
+    parser.add_argument("--task-count", type=int, default=0, help="how many of --task-games")
+    parser.add_argument("settings", nargs="*", help="KEY=VALUE, e.g. curriculum.variations=domain or seed=1")
     args = parser.parse_args()
 
     setup = model_setup(args.params, args.model)
-    config = setup.config
-    chosen = {"temperature": args.temperature, "algorithm": args.algorithm}
-    config = dataclasses.replace(
-        config,
-        rl=dataclasses.replace(config.rl, **{key: value for key, value in chosen.items() if value is not None}),
-        seed=config.seed if args.seed is None else args.seed,
-    )
+    overrides = {key: yaml.safe_load(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
+    config = load_config(args.params, overrides)
     project = args.params.resolve().parent
     validated = project / config.paths.outputs_dir / "validation" / "validated.parquet"
     rows = read_transitions(validated).to_pylist()
-    task_games = list_games(args.task_games)[: args.task_count] if args.task_games else []
+    if args.task_games:
+        task_games = list_games(args.task_games)[: args.task_count]
+    else:
+        task_games = games_if_any(project / config.paths.data_dir / "games" / "tasks")
     seeds = seed_tasks(rows) + tasks_at_start(task_games)
     train_games = list_games(project / config.paths.data_dir / "games" / "train")
     games = {game.stem: game for game in [*train_games, *task_games]}
-    print(json.dumps({"seed_tasks": len(seeds), "rl": dataclasses.asdict(config.rl)}), flush=True)
+    print(json.dumps({"seed_tasks": len(seeds), "settings": overrides}), flush=True)
 
     with open_experience_model(setup.model_dir, setup.run_dir, config) as experience:
         curriculum = dream_curriculum(seeds, experience, config)
