@@ -198,6 +198,17 @@ def significance(challenger: Score, baseline: Score) -> tuple[str, float]:
     return "unpaired", p_value
 
 
+def strongest_p_value(baseline: Score, paired: bool) -> float:
+    """The smallest p-value any challenger could get against `baseline` on its evaluation set: one
+    that wins every episode, those the baseline lost included (`paired`: by the exact McNemar test,
+    whose evidence is only those episodes, so 1/2 to the power of their number). Where it is not
+    below alpha, the set is too small to show that anything beats the baseline."""
+    lost = baseline.episodes - baseline.successes
+    if paired:
+        return 0.5**lost if lost else 1.0
+    return one_sided_p_value(baseline.episodes, baseline.episodes, baseline.successes, baseline.episodes)
+
+
 def decide(challenger: Score, baseline: Score, config: PromotionConfig) -> Decision:
     """Promote iff the challenger's rate beats the baseline's by more than the margin (a tie never
     wins) and the one-sided test is significant (p < alpha)."""
@@ -221,6 +232,14 @@ def decide(challenger: Score, baseline: Score, config: PromotionConfig) -> Decis
         reason = f"{compared} > margin {_points(config.margin)} but not significant: {test} >= alpha {config.alpha:g}"
     else:
         reason = f"{compared} > margin {_points(config.margin)}, {test} < alpha {config.alpha:g}"
+    strongest = strongest_p_value(baseline, paired=test_name == "paired")
+    if strongest >= config.alpha:
+        lost = baseline.episodes - baseline.successes
+        reason += (
+            f"; no challenger can pass on this set: {_baseline_name(baseline)} lost {lost} of its "
+            f"{baseline.episodes} episodes, so even winning all of them gives p={strongest:.3g}; "
+            "evaluate on more held-out games (evaluation.games, games.test_count)"
+        )
     return Decision(
         promote=better and significant,
         challenger=challenger,

@@ -23,6 +23,7 @@ from dreamgym.promotion import (
     one_sided_p_value,
     paired_p_value,
     set_challenger,
+    strongest_p_value,
 )
 
 NAME = "dreamgym-policy"
@@ -92,6 +93,29 @@ def test_paired_test_sees_what_the_unpaired_one_misses():
     assert not decide(mixed, baseline, PromotionConfig()).promote
     # One side without outcomes (registered before they were recorded): the unpaired test.
     assert decide(challenger, score(15, BC_LABEL), PromotionConfig()).test == "unpaired"
+
+
+def test_a_set_too_small_to_beat_the_baseline_on_says_so():
+    """BC won 36 of 40 (as in `make run`): even a challenger that wins all 40 gains 4 episodes and
+    loses none, p = 1/16 by the paired test, not below 0.05. The decision says that no challenger
+    can pass on this set and what to change; where one could, it says nothing of the kind."""
+    bc = "1" * 36 + "0" * 4
+    baseline = Score(BC_LABEL, 36, 40, SET, bc)
+    assert strongest_p_value(baseline, paired=True) == pytest.approx(1 / 16)
+    perfect = decide(Score("models:/dreamgym-policy/3", 40, 40, SET, "1" * 40), baseline, PromotionConfig())
+    assert not perfect.promote and perfect.p_value == pytest.approx(1 / 16)
+    assert "no challenger can pass on this set: the BC policy lost 4 of its 40 episodes" in perfect.reason
+    assert "p=0.0625" in perfect.reason and "evaluation.games" in perfect.reason
+    worse = decide(Score("models:/dreamgym-policy/3", 35, 40, SET, "1" * 35 + "0" * 5), baseline, PromotionConfig())
+    assert "is not above margin" in worse.reason and "no challenger can pass" in worse.reason
+    # With 5 episodes lost, winning them all is p = 1/32: a challenger could pass, and is told nothing more.
+    weaker = Score(BC_LABEL, 35, 40, SET, "1" * 35 + "0" * 5)
+    assert strongest_p_value(weaker, paired=True) == pytest.approx(1 / 32)
+    assert "no challenger can pass" not in decide(worse.challenger, weaker, PromotionConfig()).reason
+    # Unpaired (no outcomes): 40/40 against 39/40 is p = 0.16, against 30/40 far below 0.05.
+    assert strongest_p_value(score(39, BC_LABEL), paired=False) == pytest.approx(0.157, abs=1e-3)
+    assert strongest_p_value(score(30, BC_LABEL), paired=False) < 0.01
+    assert strongest_p_value(Score(BC_LABEL, 40, 40, SET, "1" * 40), paired=True) == 1.0  # nothing to gain
 
 
 def test_evaluation_tags_carry_outcomes_that_fit():
