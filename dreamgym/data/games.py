@@ -311,7 +311,7 @@ def list_games(games_dir: str | Path) -> list[Path]:
     games_dir = Path(games_dir)
     if not games_dir.is_dir():
         raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
-    games = sorted(games_dir.glob("*.z8"))
+    games = games_if_any(games_dir)
     if not games:
         raise DreamgymError(f"no .z8 games in {games_dir}; generate games with `dreamgym games`")
     return games
