@@ -203,9 +203,9 @@ def strongest_p_value(baseline: Score, paired: bool) -> float:
     that wins every episode, those the baseline lost included (`paired`: by the exact McNemar test,
     whose evidence is only those episodes, so 1/2 to the power of their number). Where it is not
     below alpha, the set is too small to show that anything beats the baseline."""
-    lost = baseline.episodes - baseline.successes
     if paired:
-        return 0.5**lost if lost else 1.0
+        lost = baseline.episodes - baseline.successes
+        return paired_p_value("1" * lost, "0" * lost)
     return one_sided_p_value(baseline.episodes, baseline.episodes, baseline.successes, baseline.episodes)
 
 
