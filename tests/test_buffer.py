@@ -16,7 +16,7 @@ import pytest
 import torch
 from sqlalchemy import text
 
-from dreamgym.buffer.embeddings import EmbeddingError, inference_dtype, transition_text
+from dreamgym.buffer.embeddings import EmbeddingError, inference_dtype, length_batches, transition_text
 from dreamgym.buffer.migrations import MIGRATIONS_DIR, MigrationError, apply_migrations, load_migrations
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.stats import buffer_stats
@@ -112,6 +112,22 @@ def test_the_encoder_encodes_each_text_once_and_keeps_only_the_most_recent(encod
     assert encoded[2:] == []
     encoder.encode([second])
     assert encoded[2:] == [[second]]
+
+
+def test_texts_are_batched_with_texts_of_alike_length():
+    lengths = [100, 60, 62, 158, 61, 99, 160]
+    assert length_batches(lengths, size=64) == [[1, 4, 2], [5, 0], [3, 6]]
+    assert length_batches(lengths, size=2) == [[1, 4], [2], [5, 0], [3, 6]]
+    assert length_batches([50] * 5, size=2) == [[0, 1], [2, 3], [4]]
+    assert length_batches([], size=8) == []
+
+
+def test_each_text_gets_its_own_vector_whatever_batch_it_was_encoded_in(encoder):
+    texts = [f"action: take {'red ' * n}apple\ntask: encoder test\n-= Kitchen =-" for n in (40, 0, 20, 1, 39)]
+    together = encoder._encode(texts)
+    alone = np.stack([encoder._encode([text])[0] for text in texts])
+    assert (np.sum(together * alone, axis=1) > 0.9999).all()
+    assert (together @ together.T < 0.9999).sum() == 20, "two texts of the batch got the same vector"
 
 
 def test_the_encoder_computes_in_bf16_on_a_cpu_only_with_native_bf16_instructions():
