@@ -410,6 +410,31 @@ def test_a_reference_can_only_name_a_worked_example_whose_change_fits(tiny_exper
     assert first_line and not "same as example ".startswith(first_line[: len("same as example ")]), first_line
 
 
+def test_each_row_of_a_batch_names_only_a_worked_example_that_fits_its_own_examples(tiny_experience):
+    from dreamgym.experience.constrain import DeltaConstraint
+
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+    torch.manual_seed(0)
+    wanted = "same as example 1\n"  # what both rows "want"; only the second row's example 1 fits
+    examples = [[DROPS_APPLE, TAKES_KNIFE], [TAKES_KNIFE, DROPS_APPLE]]
+    constraint = DeltaConstraint(tokenizer, [KNIFE_STATE] * 2, 0, examples, reasoning=False)
+    ids = tokenizer(["<next_state>\n"] * 2, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    written = ["", ""]
+    while not all("\n" in text for text in written) and len(written[0]) < 2 * len(wanted):
+        scores = torch.randn(2, len(tokenizer)) * 0.1
+        scores[:, tokenizer.all_special_ids] = float("-inf")
+        for row, text in enumerate(written):
+            for token, piece in enumerate(pieces):
+                if piece and wanted.startswith(text + piece):
+                    scores[row, token] += 10 + len(piece)
+        chosen = constraint(ids, scores).argmax(dim=-1)
+        ids = torch.cat([ids, chosen[:, None]], dim=1)
+        written = [text + pieces[int(token)] for text, token in zip(written, chosen)]
+    # The rows write the same prefix with the same tokens; each is held to its own examples.
+    assert [text.split("\n")[0] for text in written] == ["same as example 2", "same as example 1"]
+
+
 def test_a_change_is_written_out_only_where_no_example_fits(tiny_experience):
     _, tokenizer = load_model(tiny_experience.model_dir)
     torch.manual_seed(0)

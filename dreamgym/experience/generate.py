@@ -95,8 +95,11 @@ CACHE = "static"
 # compacting only once, after 48, saved less; every 24 or 32 tokens, nothing (the prefills eat it).
 COMPACT_AFTER = 48
 # Prompts checked against their drafts in one forward pass, shortest first: a pass pads every row to
-# its longest, and a DreamEnv batch's prompts run from ~150 to ~650 tokens.
-VERIFY_CHUNK = 8
+# its longest, and a DreamEnv batch's prompts run from ~150 to ~650 tokens. With 4 rows instead of
+# 8, 12 batches of 32 DreamEnvs x 4 random moves padded 7% fewer tokens, and their checks' forward
+# passes took 17.0-17.5 s instead of 18.9-19.4 s (2 CPU cores, 2026-11-30; probably memory: the
+# pass's attention weights, rows x heads x length^2, are allocated afresh each time).
+VERIFY_CHUNK = 4
 # Generation settings that change greedy scores; a model whose generation config sets any of them
 # is decoded token by token (the drafts' check knows only the argmax and constrain.py's rules).
 _SCORE_SETTINGS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "sequence_bias")
