@@ -27,9 +27,10 @@ class Setup:
         return read_transitions(path).to_pylist()
 
 
-def model_setup(params: Path, model: str) -> Setup:
-    """The configuration in `params`, its embedded services, and the model `model` refers to."""
-    config = load_config(params)
+def model_setup(params: Path, model: str, overrides: dict | None = None) -> Setup:
+    """The configuration in `params` (with `overrides`, dotted keys as `load_config` takes them),
+    its embedded services, and the model `model` refers to."""
+    config = load_config(params, overrides)
     project = params.resolve().parent
     run_dir = project / config.paths.run_dir
     configure_services(run_dir)

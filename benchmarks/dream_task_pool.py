@@ -25,7 +25,6 @@ from pathlib import Path
 import yaml
 from common import model_setup
 
-from dreamgym.config import load_config
 from dreamgym.data.games import games_if_any, list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
@@ -50,10 +49,10 @@ def main() -> None:
     parser.add_argument("settings", nargs="*", help="KEY=VALUE, e.g. curriculum.variations=domain or seed=1")
     args = parser.parse_args()
 
-    setup = model_setup(args.params, args.model)
     overrides = {key: yaml.safe_load(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
-    config = load_config(args.params, overrides)
-    project = args.params.resolve().parent
+    setup = model_setup(args.params, args.model, overrides)
+    config = setup.config
+    project = setup.project
     validated = project / config.paths.outputs_dir / "validation" / "validated.parquet"
     rows = read_transitions(validated).to_pylist()
     if args.task_games:
