@@ -546,18 +546,74 @@ def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, 
     }
     monkeypatch.setattr(generate, "copied_completion", lambda prompt, reasoning: drafts[prompt])
     monkeypatch.setattr(generate, "VERIFY_CHUNK", 3)  # rows of several lengths in each forward pass
-    verified = experience.verified_drafts(prompts, states=states)
-    assert verified[1::2] == [None] * 4
-    assert verified[0::2] == written[0::2]
-    # Through generate: the drafts that hold are taken, the others written token by token, the same text.
+    checked = experience.checked_drafts(prompts, states=states)
+    assert checked[0::2] == written[0::2]
+    # Where a draft fails, what decoding writes first: the draft up to "true", and "false" there.
+    for known, text in zip(checked[1::2], written[1::2]):
+        assert tokenizer.decode(known) == text[: text.index("<done>") + len("<done>false")]
+    # Through generate: the drafts that hold are taken, the others written on from there, the same text.
     monkeypatch.setattr(experience, "_drafts_checkable", lambda: True)
-    decoded = []
-    original = experience._decode
+    decoded, speculated = [], []
+    original, speculate = experience._decode, experience.speculated
     monkeypatch.setattr(
         experience, "_decode", lambda prompts, *a: decoded.append(len(prompts)) or original(prompts, *a)
     )
+    monkeypatch.setattr(
+        experience,
+        "speculated",
+        lambda prompt, known, *a, **k: speculated.append(known) or speculate(prompt, known, *a, **k),
+    )
     assert experience.generate(prompts, states=states) == written
-    assert decoded == [4]
+    assert decoded == [] and speculated == checked[1::2]
+    # More rows than generate speculates, one by one: they are decoded as a batch, the same text.
+    monkeypatch.setattr(generate, "SPECULATED_ROWS", 3)
+    speculated.clear()
+    assert experience.generate(prompts, states=states) == written
+    assert decoded == [4] and speculated == []
+
+
+def test_lookup_guesses_what_followed_the_last_earlier_place_of_the_last_tokens():
+    from dreamgym.experience.generate import looked_up
+
+    #        0  1  2  3  4  5  6  7  8  9
+    tokens = [5, 1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
+    assert looked_up(tokens, 2, ngram=2) == [4, 7]  # the last earlier (1, 2), not the first
+    assert looked_up(tokens, 9, ngram=2) == [4, 7, 1, 2]  # as many as there are
+    assert looked_up([*tokens, 3], 2, ngram=3) == [9, 1]  # (1, 2, 3) once before
+    assert looked_up([*tokens, 8, 4], 3, ngram=3) == [7, 1, 2]  # (8, 4) never before: (4) alone
+    assert looked_up([*tokens, 6], 3) == []  # 6 never before
+    assert looked_up(tokens, 0) == [] and looked_up([1], 3) == []
+
+
+def test_speculative_decoding_writes_what_decoding_token_by_token_writes_in_fewer_passes(
+    tiny_experience, first_episode, monkeypatch
+):
+    model, tokenizer = load_model(tiny_experience.model_dir)
+    experience = ExperienceModel(model, tokenizer, TINY)
+    queries = queries_of(first_episode, TINY.history)[:6]
+    prompts, states = experience.prompts(queries), [query.state for query in queries]
+    batched = experience._decode(prompts, False, 0, states, None, None)  # every change written out
+    passes = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
+    speculated = [experience.speculated(prompt, (), [state]) for prompt, state in zip(prompts, states)]
+    assert speculated == batched
+    # A change copies runs of the prompt's state: a pass took several tokens where its guess held.
+    tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in speculated)
+    assert len(passes) < tokens / 1.25, (len(passes), tokens)
+    # A retry's sample: each position's token drawn from the prompt's generator, in order, as in
+    # decoding token by token (the draws of a sampled batch, each row's its own).
+    sampled = experience._decode(prompts, True, 1, states, None, None)
+    assert sampled != batched
+    assert [
+        experience.speculated(prompt, (), [state], sample=True, attempt=1) for prompt, state in zip(prompts, states)
+    ] == sampled
+    # A model whose generation config changes its scores (transformers applies it) is not speculated.
+    model.generation_config.repetition_penalty = 1.3
+    monkeypatch.setattr(experience, "speculated", lambda *a, **k: pytest.fail("speculated past the penalty"))
+    assert experience.generate(prompts[:2], states=states[:2]) == experience._decode(
+        prompts[:2], False, 0, states[:2], None, None
+    )
 
 
 def test_a_change_written_out_for_a_situation_no_example_covers_parses_and_applies(tiny_experience, first_episode):
