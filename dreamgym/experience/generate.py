@@ -109,8 +109,10 @@ VERIFY_CHUNK = 4
 # on made-up scores to cut its guesses, and they pick a token by score). The same text, in 2.2
 # tokens a pass on 19 rows of DreamEnv random moves: 1.9x faster than decoding a row token by token
 # (2 CPU cores, 2026-11-30; 10 or 16 tokens, 2 to 6 of them matched, all alike). One row at a time:
-# 4 rows speculated one by one took 0.8x the time of their batch, 8 rows 1.0x, 16 rows 1.2x, so a
-# batch of more than SPECULATED_ROWS is decoded together.
+# 4 rows speculated one by one took 0.8x the time of their batch, 8 rows 1.0x, 16 rows 1.2x, so on a
+# CPU a batch of more than SPECULATED_ROWS is decoded together. On a GPU a pass over a few rows
+# costs about what a pass over one does, so only a row alone is speculated there (not measured: no
+# GPU was lent when this was written).
 LOOKAHEAD = 10
 LOOKUP_NGRAM = 3
 SPECULATED_ROWS = 4
@@ -339,7 +341,8 @@ class ExperienceModel:
             checked = self.checked_drafts(prompts, states, changes, traces)
         texts = [text if isinstance(text, str) else None for text in checked]
         rest = [index for index, text in enumerate(texts) if text is None]
-        if rest and len(rest) <= SPECULATED_ROWS and self._rules_alone():
+        alone = SPECULATED_ROWS if self.model.device.type == "cpu" else 1
+        if rest and len(rest) <= alone and self._rules_alone():
             for index in rest:
                 known = checked[index]
                 texts[index] = self.speculated(
