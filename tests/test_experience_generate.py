@@ -575,7 +575,6 @@ def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, 
 def test_lookup_guesses_what_followed_the_last_earlier_place_of_the_last_tokens():
     from dreamgym.experience.generate import looked_up
 
-    #        0  1  2  3  4  5  6  7  8  9
     tokens = [5, 1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
     assert looked_up(tokens, 2, ngram=2) == [4, 7]  # the last earlier (1, 2), not the first
     assert looked_up(tokens, 9, ngram=2) == [4, 7, 1, 2]  # as many as there are
