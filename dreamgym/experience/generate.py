@@ -348,7 +348,9 @@ class ExperienceModel:
                 texts[index] = self.speculated(
                     prompts[index],
                     known if isinstance(known, list) else [],
-                    *(None if values is None else values[index : index + 1] for values in (states, changes, traces)),
+                    _picked(states, [index]),
+                    _picked(changes, [index]),
+                    _picked(traces, [index]),
                     sample=sample,
                     attempt=attempt,
                 )
@@ -456,8 +458,7 @@ class ExperienceModel:
         rows = [index for index, draft in enumerate(drafts) if draft is not None]
         if not rows:
             return [None] * len(prompts)
-        budget = self.config.max_length - self.config.max_new_tokens
-        prompt_ids = self.tokenizer([prompts[i] for i in rows], truncation=True, max_length=budget)["input_ids"]
+        prompt_ids = self._prompt_ids([prompts[i] for i in rows])
         draft_ids = self.tokenizer([drafts[i] for i in rows], add_special_tokens=False)["input_ids"]
         longest = max(map(len, draft_ids))
         # logits[r, j]: the scores for draft token j of row r, after the prompt and tokens 0..j-1.
@@ -504,8 +505,7 @@ class ExperienceModel:
         see each token once, in order, as in decoding token by token; and a sampled token is drawn
         from the prompt's own generator (`SeededSampling`) once per position, in order, so that the
         draws are those of `_decode`."""
-        budget = self.config.max_length - self.config.max_new_tokens
-        prompt_ids = self.tokenizer(prompt, truncation=True, max_length=budget)["input_ids"]
+        [prompt_ids] = self._prompt_ids([prompt])
         tokens = prompt_ids + list(known)[: self.config.max_new_tokens]
         rules = self._constraints([0], len(prompt_ids), states, changes, traces, sample)
         if sample:
@@ -538,6 +538,11 @@ class ExperienceModel:
             # The cache holds the guess; keep only the tokens taken before the last one, fed next.
             cache.crop(-(cache.get_seq_length() - (len(tokens) - 1)))
             fed = len(tokens) - 1
+
+    def _prompt_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Each prompt's token ids, unpadded, cut from the left as `encode` cuts them."""
+        budget = self.config.max_length - self.config.max_new_tokens
+        return self.tokenizer(list(prompts), truncation=True, max_length=budget)["input_ids"]
 
     def _draft_scores(self, prompt_ids: list[list[int]], draft_ids: list[list[int]]) -> list[torch.Tensor]:
         """Each row's scores for its draft tokens, (draft length, vocabulary): one forward pass
