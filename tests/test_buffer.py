@@ -191,7 +191,7 @@ def test_batched_and_one_by_one_retrieval_agree(filled, offline_vectors):
     ]
 
 
-def test_rows_read_once_come_from_the_cache_and_each_hit_is_its_own_copy(filled, offline_rows, offline_vectors):
+def test_rows_read_once_come_from_the_cache_and_no_caller_can_change_them(filled, offline_rows, offline_vectors):
     from dreamgym.buffer.db import RowCache
 
     filled.rows = RowCache()
@@ -199,10 +199,13 @@ def test_rows_read_once_come_from_the_cache_and_each_hit_is_its_own_copy(filled,
     first = search(filled, queries, k=6)
     cached = len(filled.rows._rows)
     assert 6 <= cached <= 24  # every row returned, once
-    first[0][0].transition["action"] = "changed by a caller"
+    with pytest.raises(TypeError):
+        first[0][0].transition["action"] = "changed by a caller"
+    added = first[0][0].transition | {"instruction": "a caller's own copy"}
+    assert added["instruction"] == "a caller's own copy" and "instruction" not in first[0][0].transition
     again = search(filled, queries, k=6)
     assert len(filled.rows._rows) == cached  # nothing new was read
-    assert [[n.transition for n in hits] for hits in again][1:] == [[n.transition for n in hits] for hits in first][1:]
+    assert [[n.transition for n in hits] for hits in again] == [[n.transition for n in hits] for hits in first]
     by_hash = {row["content_hash"]: row for row in offline_rows}
     assert again[0][0].transition["action"] == by_hash[again[0][0].transition["content_hash"]]["action"]
     # The least recently used rows leave a full cache.

@@ -16,7 +16,7 @@ import logging
 import os
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,14 +36,14 @@ class DatabaseError(DreamgymError):
 
 class RowCache:
     """Buffer rows by id, the `capacity` most recently used: a row never changes once written (the
-    upsert is ON CONFLICT DO NOTHING), so what was read once can be read from here. The default
-    capacity holds a default buffer's rows twice over, within ~60 MB."""
+    upsert is ON CONFLICT DO NOTHING), so what was read once can be read from here, read-only
+    (retrieval.py). The default capacity holds a default buffer's rows twice over, within ~60 MB."""
 
     def __init__(self, capacity: int = 20_000):
         self.capacity = capacity
-        self._rows: OrderedDict[int, dict] = OrderedDict()
+        self._rows: OrderedDict[int, Mapping] = OrderedDict()
 
-    def known(self, ids: Iterable[int]) -> dict[int, dict]:
+    def known(self, ids: Iterable[int]) -> dict[int, Mapping]:
         """The rows of `ids` held here."""
         found = {}
         for row_id in ids:
@@ -53,7 +53,7 @@ class RowCache:
                 found[row_id] = row
         return found
 
-    def add(self, rows: dict[int, dict]) -> None:
+    def add(self, rows: dict[int, Mapping]) -> None:
         self._rows.update(rows)
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)

@@ -8,15 +8,21 @@ alone, and the rows are read by id only where this open database has not read th
 (`Database.rows`): a row never changes once written (the upsert is ON CONFLICT DO NOTHING), and
 DreamEnv's re-ranking fetches hundreds of candidates per query, the same few thousand rows again
 and again. 32 queries of 600 candidates on the default buffer: 0.37 s with every row's text, 0.12 s
-with ids alone. Filters are bound parameters, never SQL text. With filters
-the index keeps scanning until k rows pass them (pgvector >= 0.8's iterative scan), so a selective
-filter does not return fewer than k neighbours when more exist.
+with ids alone. Every hit of a row shares that row, read-only (a `MappingProxyType`), and the query
+vectors go in pgvector's binary form (`%b`): with a copy of the row per hit (19,200 a DreamEnv step
+of 32) and the vectors as text, the search took 4.5-4.7 ms a transition instead of 3.4-3.7 (2 CPU
+cores, 2026-11-30).
+Filters are bound parameters, never SQL text. With filters the index keeps scanning until k rows
+pass them (pgvector >= 0.8's iterative scan), so a selective filter does not return fewer than k
+neighbours when more exist.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 from psycopg.types.json import Jsonb
@@ -54,15 +60,14 @@ class Filters:
     exclude_task_id: str | None = None
 
 
-@dataclass(frozen=True)
-class Neighbour:
+class Neighbour(NamedTuple):
     similarity: float
-    transition: dict = field(repr=False)
+    transition: Mapping  # the row, read-only and shared with the other hits of it: copy it to change it
 
 
 SEARCH_SQL = """
     SELECT q.query_index, 1 - hit.distance AS similarity, hit.id
-    FROM unnest(%(vectors)s::vector[], %(envs)s::text[], %(sources)s::text[],
+    FROM unnest(%(vectors)b::vector[], %(envs)s::text[], %(sources)s::text[],
                 %(excluded_tasks)s::text[], %(excluded_trajectories)s::jsonb[])
          WITH ORDINALITY AS q(vector, env, source, excluded_task, excluded_trajectories, query_index)
     CROSS JOIN LATERAL (
@@ -142,12 +147,13 @@ def search(
         missing = list(ids - rows.keys())
         if missing:
             cursor.execute(ROWS_SQL, (missing,))
-            read = {row_id: dict(zip(RETURNED_COLUMNS, values)) for row_id, *values in cursor.fetchall()}
+            read = {
+                row_id: MappingProxyType(dict(zip(RETURNED_COLUMNS, values))) for row_id, *values in cursor.fetchall()
+            }
             database.rows.add(read)
             rows |= read
-    # Each hit its own dict: callers may add to what they get.
     for query_index, similarity, row_id in hits:
-        results[query_index - 1].append(Neighbour(float(similarity), dict(rows[row_id])))
+        results[query_index - 1].append(Neighbour(float(similarity), rows[row_id]))
     return results
 
 

@@ -334,18 +334,25 @@ class DeltaConstraint:
         fitting = self.format.allowed(state, scores.shape[1], scores.device)
         row_scores = scores[row]
         if self.greedy:
-            best = int(fitting[row_scores[fitting].argmax()]) if len(fitting) else None
-            kept = [best] if best is not None and row_scores[best] > float("-inf") else []
-        else:
-            top = torch.topk(row_scores, min(FORMAT_CANDIDATES, scores.shape[1]))
-            fits = set(fitting.tolist())
-            kept = [
-                token
-                for score, token in zip(top.values.tolist(), top.indices.tolist())
-                if score > float("-inf") and token in fits
-            ]
-            if not kept:
-                kept = fitting[row_scores[fitting] > float("-inf")].tolist()
+            # The best fitting token alone, found and kept in a few tensor operations: this runs for
+            # every row and token, and on a GPU each operation is a kernel launch.
+            if len(fitting):
+                best, at = row_scores[fitting].max(dim=0)  # the first of equals, as argmax
+                if best > float("-inf"):
+                    scores[row] = float("-inf")
+                    scores[row, fitting[at]] = best
+                    return
+            self._end_row(row, scores)
+            return
+        top = torch.topk(row_scores, min(FORMAT_CANDIDATES, scores.shape[1]))
+        fits = set(fitting.tolist())
+        kept = [
+            token
+            for score, token in zip(top.values.tolist(), top.indices.tolist())
+            if score > float("-inf") and token in fits
+        ]
+        if not kept:
+            kept = fitting[row_scores[fitting] > float("-inf")].tolist()
         if kept:
             _keep_only(scores, row, kept)
         else:
@@ -491,9 +498,10 @@ def _format_index(tokenizer, size: int, reasoning: bool) -> _FormatIndex:
 
 def _keep_only(scores: torch.FloatTensor, row: int, tokens) -> None:
     """Mask every token of `row` but `tokens`."""
-    mask = torch.full_like(scores[row], float("-inf"))
-    mask[list(tokens)] = 0
-    scores[row] = scores[row] + mask
+    kept = torch.tensor(list(tokens), dtype=torch.long, device=scores.device)
+    values = scores[row, kept]
+    scores[row] = float("-inf")
+    scores[row, kept] = values
 
 
 def _fits(text: str, endings: Sequence[str]) -> bool:
