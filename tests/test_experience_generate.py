@@ -279,7 +279,7 @@ def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_e
         best = max(fitting, key=lambda token: scores[0, token].item())
         constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0)
         _read_text(constraint, tokenizer, written)
-        constraint._constrain_format(0, scores)
+        constraint._constrain_format(scores)
         assert (scores[0] > float("-inf")).nonzero().flatten().tolist() == [best], written
 
 
@@ -331,7 +331,7 @@ def test_sampling_keeps_the_top_tokens_that_fit_the_format_else_every_token_that
         looks["first" if top & fitting else "every"] += 1
         constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0, greedy=False)
         _read_text(constraint, tokenizer, written)
-        constraint._constrain_format(0, scores)
+        constraint._constrain_format(scores)
         assert set((scores[0] > float("-inf")).nonzero().flatten().tolist()) == expected, written
     assert min(looks.values()) > 10, looks  # both looks were taken
 
