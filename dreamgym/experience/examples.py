@@ -186,7 +186,7 @@ def neighbours(
         domain,
     )
     by_key = {keys[i]: rows for i, rows in zip(asked, found)}
-    # Each query its own dicts, as the search gives them (callers may add to what they get): a
+    # Each query its own dicts, as `_retrieved` makes them (callers may add to what they get): a
     # repeated query gets copies.
     return [
         by_key[key] if first[key] == index else [dict(row) for row in by_key[key]] for index, key in enumerate(keys)
