@@ -283,6 +283,41 @@ def test_greedy_decoding_keeps_the_best_scored_token_that_fits_the_format(tiny_e
         assert (scores[0] > float("-inf")).nonzero().flatten().tolist() == [best], written
 
 
+def test_the_greedy_format_rule_on_a_batch_gives_each_row_what_it_gives_the_row_alone(tiny_experience):
+    """The greedy format rule works on every row of a batch at once; each row comes out as it does
+    decoded alone: rows at other places of the format, one that has left it (ended), and one whose
+    completion is whole (left as it is, waiting for the batch)."""
+    import random
+
+    from dreamgym.experience import constrain
+
+    _, tokenizer = load_model(tiny_experience.model_dir)
+    rng = random.Random(2)
+    texts = [FORMAT_COMPLETION[: rng.randint(0, len(FORMAT_COMPLETION) - 1)] for _ in range(6)]
+    off_format = "<reasoning>The player looks.</reasoning>\n<next_state>\nvisible = knife (on table) to the"
+    texts += [off_format, FORMAT_COMPLETION]
+    alone, rows = [], []
+    for text in texts:
+        constraint = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE], prompt_length=0)
+        _read_text(constraint, tokenizer, text)
+        alone.append(constraint)
+    scores = torch.randn(len(texts), len(tokenizer))
+    scores[0, rng.sample(range(len(tokenizer)), 200)] = float("-inf")  # masked by another rule
+    for row, constraint in enumerate(alone):
+        row_scores = scores[row : row + 1].clone()
+        constraint._constrain_format(row_scores)
+        rows.append(row_scores[0])
+    batch = constrain.DeltaConstraint(tokenizer, [FORMAT_STATE] * len(texts), prompt_length=0)
+    batch.format_states = [constraint.format_states[0] for constraint in alone]  # each row's place
+    assert batch.format_states[-2] is None and batch.format.complete(batch.format_states[-1])
+    together = scores.clone()
+    batch._constrain_format(together)
+    for row, expected in enumerate(rows):
+        assert torch.equal(together[row], expected), texts[row]
+    assert torch.equal(together[-1], scores[-1])  # the whole completion: untouched
+    assert (together[-2] > float("-inf")).nonzero().flatten().tolist() == [tokenizer.eos_token_id]
+
+
 def test_a_completion_with_no_way_on_in_the_format_ends_at_once(tiny_experience):
     """Where the other rules mask every token that would keep the completion in the format (an
     item named twice in a replacement line: after its `)` only `;` or the line's end may come, and
