@@ -3,11 +3,13 @@
     .venv/bin/python benchmarks/real_rl_settings.py --start outputs/policy/bc-*/bc/model \
         --out outputs/bench/rl-lr3e-5 --games data/games/train rl.learning_rate=3e-5 rl.epochs=10000
 
-Runs `train_rl` in the real training games of the project (`<data_dir>/games/train`) as the bench's
-real-GRPO row does (`rl.env: real`, until `rl.real_budget`; pass `rl.epochs=10000` for "until the
-budget", as the bench does, or leave `rl.epochs` to stop earlier), then plays the trained policy
-greedily once on every game of `--games` and prints one JSON line: settings, wins, outcomes. A run
-whose `--out` holds a finished policy is evaluated again, not retrained.
+Runs `train_rl` in real games as the bench's real-GRPO row does (`rl.env: real`, until
+`rl.real_budget`; pass `rl.epochs=10000` for "until the budget", as the bench does, or leave
+`rl.epochs` to stop earlier): in the project's training games (`<data_dir>/games/train`), or in
+those of `--tasks`. Then plays the start and the trained policy greedily once on every game of each
+`--games` folder and prints one JSON line: settings, wins per folder, the learning curve (rollout
+success, entropy, samples per epoch). A run whose `--out` holds a finished policy is evaluated
+again, not retrained.
 """
 
 from __future__ import annotations
@@ -31,17 +33,19 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--start", type=Path, required=True, help="the BC policy to start from")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--games", type=Path, required=True, help="the games to evaluate on")
+    parser.add_argument("--games", type=Path, action="append", required=True, help="games to evaluate on (repeatable)")
+    parser.add_argument("--tasks", type=Path, help="folder of games RL practises [default: the training games]")
     parser.add_argument("settings", nargs="*", help="KEY=VALUE, e.g. rl.learning_rate=3e-5")
     args = parser.parse_args()
 
     overrides = {key: json.loads(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
     config = load_config(args.params, {**overrides, "rl.env": "real"})
     project = args.params.resolve().parent
-    seeds = [load_task(game) for game in list_games(project / config.paths.data_dir / "games" / "train")]
+    tasks = args.tasks or project / config.paths.data_dir / "games" / "train"
+    seeds = [load_task(game) for game in list_games(tasks)]
     started = time.perf_counter()
     policy_dir = args.out / "policy"
-    if not policy_dir.exists():
+    if not (policy_dir / "result.json").exists():
         policy_dir = train_rl(
             args.start,
             lambda slot: TextWorldEnv(config.rl.max_steps),
@@ -52,22 +56,20 @@ def main() -> None:
             real_budget=config.rl.real_budget,
         ).policy_dir
     seconds = time.perf_counter() - started
-    settings = config.evaluation
-    report = evaluate_policy(
-        load_policy(policy_dir, config.policy), list_games(args.games), 1, config.seed, settings.max_steps, greedy=True
-    )
-    summary = report.summary
-    print(
-        json.dumps(
-            {
-                "settings": overrides,
-                "wins": summary["wins"],
-                "episodes": summary["episodes"],
-                "outcomes": summary["outcomes"],
-                "train_seconds": round(seconds),
-            }
-        )
-    )
+    history = json.loads((policy_dir / "result.json").read_text())["history"]
+    wins = {}
+    for name, path in (("start", args.start), ("trained", policy_dir)):
+        policy = load_policy(path, config.policy)
+        for games in args.games:
+            summary = evaluate_policy(
+                policy, list_games(games), 1, config.seed, config.evaluation.max_steps, greedy=True
+            ).summary
+            wins[f"{name} {games.name}"] = f"{summary['wins']}/{summary['episodes']}"
+    curve = {
+        key: [round(row.get(key, float("nan")), 3) for row in history]
+        for key in ("success_rate", "entropy", "samples", "real_transitions")
+    }
+    print(json.dumps({"settings": overrides, "wins": wins, "curve": curve, "train_seconds": round(seconds)}))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,16 @@ class GamesConfig:
         ),
     ] = 80
     workers: Annotated[int, _help("Games compiled in parallel.", ge=1)] = 2
+    target: Annotated[
+        Literal["same", "headroom"],
+        _help(
+            "The tasks RL practises and the held-out games the gate measures: 'same' settings as the "
+            "training games above; 'headroom' the named preset of harder games, recipes of 3 with 2-3 "
+            "ingredients to find in 6-12 rooms (dreamgym.data.games.HEADROOM), which BC, trained on the "
+            "easier games, mostly loses. With 'headroom' the held-out games of the training settings are "
+            "still played, beside."
+        ),
+    ] = "same"
 
     def __post_init__(self) -> None:
         if self.train_count + self.task_count > GAME_SEED_STRIDE:
@@ -687,7 +697,17 @@ class RLConfig:
     clip: Annotated[float, _help("ε of the clipped probability ratio (and of PPO's value clip).", gt=0, lt=1)] = 0.2
     kl_coef: Annotated[float, _help("β: weight of KL(policy || reference BC policy).", ge=0)] = 0.05
     entropy_coef: Annotated[float, _help("Weight of the entropy bonus.", ge=0)] = 0.01
-    gamma: Annotated[float, _help("PPO discount γ.", ge=0, le=1)] = 0.99
+    gamma: Annotated[
+        float, _help("Discount γ: PPO's GAE, and the step returns of GRPO's step-level advantages.", ge=0, le=1)
+    ] = 0.99
+    step_weight: Annotated[
+        float,
+        _help(
+            "GRPO: ω, the weight of the step-level advantage (GiGPO): decisions taken in the same state by a "
+            "task's rollouts compared by their discounted returns from there. 0: episode-level advantages only.",
+            ge=0,
+        ),
+    ] = 0.0
     lam: Annotated[float, _help("PPO GAE λ.", ge=0, le=1)] = 0.95
     value_coef: Annotated[float, _help("PPO value-loss weight.", ge=0)] = 0.5
     max_grad_norm: Annotated[float, _help("Gradient norm clip.", gt=0)] = 1.0

@@ -16,9 +16,9 @@ seed tasks, written by the experience model's backbone (the paper) or by the env
 (`domain_variation_writer`: the seed's start with another task), and checked by `check_variation`
 (parseable state, available actions, no duplicate, no new action types); rejected ones are
 logged with the reason and counted, accepted ones join the pool for good. The other slots go to
-pool tasks sampled without replacement with probability proportional to their score, tasks
-scoring 0 left out while any task scores above 0. With the curriculum off (the ablation) the
-seed tasks are sampled uniformly and no variations are written.
+pool tasks sampled without replacement with probability proportional to their score; where too
+few score above 0, tasks scoring 0 fill the epoch (`_by_score`), never a repeat of one task. With
+the curriculum off (the ablation) the seed tasks are sampled uniformly and no variations are written.
 
 A draw depends only on (seed, epoch, the recorded statistics) and what `write_variations`
 returns, and `state_dict` is JSON, so a killed RL run resumes with the same pool and draws.
@@ -70,17 +70,17 @@ def reward_variance(returns: Sequence[float]) -> float:
 
 
 def task_score(returns: Sequence[float], successes: Sequence[bool], selection: str) -> float:
-    """How much a task's recent rollouts disagree; 0 when all succeeded or all failed.
+    """How much a task's recent rollouts disagree: `entropy` of the success rate (0 when all
+    succeeded or all failed), or `variance` of the returns (0 when all returned the same).
 
-    The all-same rule holds for `variance` too: with outcome rewards such a group gives GRPO
-    no learning signal, whatever the intermediate points.
+    The returns are those GRPO learns from (`rl.reward`): with outcome rewards their variance is 0
+    exactly when the successes agree; with the score, rollouts that all failed but scored
+    differently still teach, and score above 0.
     """
     if len(returns) != len(successes):
         raise ValueError(f"{len(returns)} returns but {len(successes)} successes: give one of each per rollout")
     if not returns:
         raise ValueError("a task without rollouts has no score (the curriculum tries it first)")
-    if all(successes) or not any(successes):
-        return 0.0
     if selection == "entropy":
         return binary_entropy(sum(map(bool, successes)) / len(successes))
     if selection == "variance":
@@ -191,6 +191,23 @@ def weighted_sample(rng: random.Random, items: Sequence[Any], weights: Sequence[
     return chosen
 
 
+def _by_score(rng: random.Random, task_ids: Sequence[str], scores: dict[str, float], count: int) -> list[str]:
+    """`count` tasks: those scoring above 0 drawn in proportion to their score, without replacement;
+    where they are too few, the rest of the slots go to tasks scoring 0, drawn uniformly; only a
+    pool smaller than `count` repeats a task. Repeating the few uncertain tasks instead (as this
+    did before) spent whole epochs on one or two games: the policy learnt those by heart (its
+    rollouts' success 0.16 -> 1.0 in five epochs) and won no more of its other games (results log,
+    2026-12-02)."""
+    uncertain = [task_id for task_id in task_ids if scores[task_id] > 0]
+    chosen = weighted_sample(rng, uncertain, [scores[task_id] for task_id in uncertain], min(count, len(uncertain)))
+    settled = [task_id for task_id in task_ids if scores[task_id] <= 0]
+    chosen += rng.sample(settled, min(count - len(chosen), len(settled)))
+    if len(chosen) < count:  # a pool smaller than an epoch
+        weights = [scores[task_id] if scores[task_id] > 0 else 1.0 for task_id in task_ids]
+        chosen += weighted_sample(rng, list(task_ids), weights, count - len(chosen))
+    return chosen
+
+
 # ---------------------------------------------------------------- the curriculum
 
 
@@ -298,9 +315,7 @@ class Curriculum:
         scores = self._scores()
         new_ids = {task.task_id for task in new}
         rest = [task_id for task_id in self.pool if task_id not in new_ids]
-        eligible = [task_id for task_id in rest if scores[task_id] > 0] or rest
-        weights = [scores[task_id] if scores[task_id] > 0 else 1.0 for task_id in eligible]
-        drawn = new + [self.pool[task_id] for task_id in weighted_sample(rng, eligible, weights, count - len(new))]
+        drawn = new + [self.pool[task_id] for task_id in _by_score(rng, rest, scores, count - len(new))]
         rng.shuffle(drawn)
         self.last_scores = [scores[task.task_id] for task in drawn]
         return drawn

@@ -9,8 +9,10 @@ evaluation of the BC policy it started from, both on the same frozen evaluation 
     eval_outcomes   won ("1") or lost ("0"), episode by episode in play order (optional)
     bc_outcomes     the same for the BC policy (optional)
 
-and the alias `challenger`. `gate` compares the challenger with the version aliased `champion`
-(with the BC policy when there is none yet) and moves `champion` to it only when its success rate
+and the alias `challenger`. The pipeline registers its BC policy too (its own score as both
+counts) and makes it the champion when there is none (`crown_first`). `gate` compares the
+challenger with the version aliased `champion` (with the BC policy its tags record when there is
+none) and moves `champion` to it only when its success rate
 is higher by more than `promotion.margin` *and* a one-sided test says so at level
 `promotion.alpha`: a lucky evaluation of a no-better policy does not replace a good one. The
 decision, promoted or not, is written onto the challenger's version as `promotion.*` tags.
@@ -331,6 +333,16 @@ def alias_version(name: str, alias: str) -> str | None:
 def set_challenger(name: str, version: str) -> None:
     """Point the `challenger` alias at `version`: the pipeline's newest candidate for `gate`."""
     _client().set_registered_model_alias(name, CHALLENGER_ALIAS, str(version))
+
+
+def crown_first(name: str, version: str) -> bool:
+    """Make `version` the champion when `name` has none yet, and say whether it did. The pipeline
+    crowns its BC policy so: `models:/name@champion` resolves after every run, and a challenger is
+    then measured against that champion, which is BC until something beats it."""
+    if alias_version(name, CHAMPION_ALIAS) is not None:
+        return False
+    _client().set_registered_model_alias(name, CHAMPION_ALIAS, str(version))
+    return True
 
 
 def _model_version(client, name: str, version: str):

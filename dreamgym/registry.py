@@ -32,8 +32,10 @@ def find_version(name: str, key: str) -> str | None:
     return None
 
 
-def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[str, str] | None = None) -> str:
-    """Log `model_dir` to the active run as `model` and register it under `name`; return the version.
+def register_model_dir(
+    model_dir: str | Path, name: str, key: str, tags: dict[str, str] | None = None, artifact_path: str = "model"
+) -> str:
+    """Log `model_dir` to the active run as `artifact_path` and register it under `name`; return the version.
 
     `key` identifies the model (what it was trained from and how); a model already registered
     with that key is not registered again, so a re-run pipeline does not pile up copies.
@@ -47,7 +49,7 @@ def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[st
     existing = find_version(name, key)
     if existing is not None:
         return existing
-    mlflow.log_artifacts(str(model_dir), artifact_path="model")
+    mlflow.log_artifacts(str(model_dir), artifact_path=artifact_path)
     client = mlflow.MlflowClient()
     try:
         client.create_registered_model(name)
@@ -55,7 +57,10 @@ def register_model_dir(model_dir: str | Path, name: str, key: str, tags: dict[st
         if error.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     version = client.create_model_version(
-        name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags={**(tags or {}), MODEL_KEY_TAG: key}
+        name,
+        source=f"{run.info.artifact_uri}/{artifact_path}",
+        run_id=run.info.run_id,
+        tags={**(tags or {}), MODEL_KEY_TAG: key},
     )
     return version.version
 

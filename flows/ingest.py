@@ -28,7 +28,7 @@ from dreamgym.buffer.migrations import open_migrated
 from dreamgym.buffer.store import UpsertResult, ingest_file
 from dreamgym.config import BufferConfig, GamesConfig, PipelineConfig, ValidationConfig
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
-from dreamgym.data.games import generate_games, plan_games
+from dreamgym.data.games import generate_games, plan_games, target_folder, target_settings
 from dreamgym.data.overview import plot_dataset
 from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
@@ -54,8 +54,10 @@ class IngestResult:
     train_games: int
     test_games: int
     task_games: int
-    test_games_dir: str
+    test_games_dir: str  # the held-out games of `games.target`: the gate's
     task_games_dir: str  # training-split games whose tasks RL practises; no trajectories of them
+    # With `games.target: headroom`, the held-out games of the training settings, played beside.
+    same_test_games_dir: str | None = None
     collection: CollectionResult
     validation: ValidationResult
     validated_path: str  # the rows that passed validation: what every later stage reads
@@ -207,17 +209,18 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
         train_games = generate_games_task(
             str(data_dir / "games" / "train"), "train", config.games.train_count, config.seed, config.games
         )
-        test_games = generate_games_task(
-            str(data_dir / "games" / "test"), "test", config.games.test_count, config.seed, config.games
-        )
+        target = target_settings(config.games)
+        games_dir = data_dir / "games"
+        test_games_dir = games_dir / target_folder("test", config.games)
+        test_games = generate_games_task(str(test_games_dir), "test", config.games.test_count, config.seed, target)
+        same_test_games_dir = None
+        if config.games.target != "same":
+            same_test_games_dir = games_dir / "test"
+            generate_games_task(str(same_test_games_dir), "test", config.games.test_count, config.seed, config.games)
         # The games after the training ones: tasks for RL, no trajectories collected.
+        task_games_dir = games_dir / target_folder("tasks", config.games)
         task_games = generate_games_task(
-            str(data_dir / "games" / "tasks"),
-            "train",
-            config.games.task_count,
-            config.seed,
-            config.games,
-            first=config.games.train_count,
+            str(task_games_dir), "train", config.games.task_count, config.seed, target, first=config.games.train_count
         )
         stages = Stages()
         collection = stages.run(
@@ -289,8 +292,9 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
             train_games=len(train_games),
             test_games=len(test_games),
             task_games=len(task_games),
-            test_games_dir=str(data_dir / "games" / "test"),
-            task_games_dir=str(data_dir / "games" / "tasks"),
+            test_games_dir=str(test_games_dir),
+            task_games_dir=str(task_games_dir),
+            same_test_games_dir=None if same_test_games_dir is None else str(same_test_games_dir),
             collection=collection,
             validation=validation,
             validated_path=validation.clean_path,

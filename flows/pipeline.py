@@ -31,7 +31,7 @@ from dreamgym.config import PipelineConfig, config_to_dict, load_config
 from dreamgym.data.versioning import commit_stage, dvc_stage_params
 from dreamgym.errors import DreamgymError
 from dreamgym.preflight import check_servers
-from dreamgym.promotion import POLICY_MODEL_NAME, Decision, gate, held_out_evaluator
+from dreamgym.promotion import POLICY_MODEL_NAME, Decision, crown_first, gate, held_out_evaluator
 from dreamgym.tracking import configure_services, stage_run
 from flows.caching import stage_key
 from flows.compute import compute_settings, on_compute, ray_cluster
@@ -140,6 +140,8 @@ def promote(config: PipelineConfig, ingested: IngestResult, policy: PolicyResult
     tags = {"dreamgym.data_md5": ingested.data_md5, "dreamgym.policy": model}
     with stage_run("promotion", config, project, tags=tags):
         log_dataset(ingested.validated_path, ingested.data_md5, ingested.dvc_file)
+        if policy.bc_model is not None and crown_first(POLICY_MODEL_NAME, policy.bc_model.rsplit("/", 1)[1]):
+            get_run_logger().info("no champion yet: %s (the BC policy) is the first", policy.bc_model)
         decision = promotion_task(POLICY_MODEL_NAME, version, config, str(project))
         mlflow.log_metrics(decision.metrics())
         mlflow.set_tags(decision.tags())

@@ -211,9 +211,10 @@ def train_experience(
         mlflow.log_artifact(
             str(plot_losses(trained, out_dir / f"model-{model_key}" / "loss.png")), artifact_path="experience"
         )
-        real = stages.run(
-            real_transitions_task, ingested.test_games_dir, str(out_dir / "fidelity_real.parquet"), config
-        )
+        # Fidelity on held-out games of the training settings (with `games.target: headroom` too), so
+        # that its figure stays comparable from run to run.
+        fidelity_games = ingested.same_test_games_dir or ingested.test_games_dir
+        real = stages.run(real_transitions_task, fidelity_games, str(out_dir / "fidelity_real.parquet"), config)
         fidelity = stages.run(evaluate_task, str(trained.model_dir), real, run_dir, config)
         stages.tag()
         model = str(trained.model_dir)

@@ -90,22 +90,26 @@ class PolicyResult:
     mlflow_run_id: str
     model: str
     bc: WarmStart
+    bc_model: str | None  # the BC policy's registry reference (the first champion), None when not registered
     rl: RLSummary
     evaluations: list[dict]
     train_evaluations: list[dict]
+    same_settings_evaluations: list[dict] = dataclasses.field(default_factory=list)  # games.target: headroom
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) rows: for the CLI's table and the Prefect artifact."""
         rl = self.rl
         on_training_games = {e["name"].removesuffix("-train-games"): e for e in self.train_evaluations}
+        on_same_settings = {e["name"].removesuffix("-training-settings"): e for e in self.same_settings_evaluations}
         rows = []
         for e in self.evaluations:
-            seen = on_training_games.get(e["name"])
+            seen, same = on_training_games.get(e["name"]), on_same_settings.get(e["name"])
             rows.append(
                 (
                     f"success: {e['name']}",
                     f"held-out {e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}-{e['ci95'][1]:.1%}, "
                     f"{e['episodes']} games, mean steps {e['mean_steps']:.1f})"
+                    + (f"; held-out of the training settings {same['success_rate']:.1%}" if same else "")
                     + (f"; its training games {seen['success_rate']:.1%} ({seen['episodes']})" if seen else ""),
                 )
             )
@@ -155,6 +159,13 @@ def bc_task(validated: str, out_dir: str, config: PipelineConfig) -> WarmStart:
         seconds=result.seconds,
         reused=result.reused,
     )
+
+
+def practises_training_tasks(config: PipelineConfig) -> bool:
+    """Whether RL practises the training games' tasks beside the task games': with `games.target:
+    same` it does; with another target it practises the target's tasks only, those the offline data
+    never showed (BC wins its own training games, which would spend a real budget on nothing)."""
+    return config.games.target == "same"
 
 
 def dream_phase(config: PipelineConfig) -> PipelineConfig:
@@ -215,7 +226,7 @@ def dream_rl_task(
 
     rows = read_transitions(validated).to_pylist()
     task_games = games_if_any(task_games_dir)
-    seeds = seed_tasks(rows) + tasks_at_start(task_games)
+    seeds = (seed_tasks(rows) if practises_training_tasks(config) else []) + tasks_at_start(task_games)
     label = Path(out_dir).name
     with contextlib.ExitStack() as stack:
         experience = stack.enter_context(open_experience_model(experience_dir, run_dir, config))
@@ -289,7 +300,8 @@ def real_rl_task(
 ) -> RLResult:
     """RL in the real training games and those of `task_games_dir` (the tasks RL in DreamEnv
     practises too), stopped after `budget` real transitions."""
-    seeds = [load_task(game) for game in [*list_games(train_games_dir), *games_if_any(task_games_dir)]]
+    training = list_games(train_games_dir) if practises_training_tasks(config) else []
+    seeds = [load_task(game) for game in [*training, *games_if_any(task_games_dir)]]
     curriculum = Curriculum(seeds, config.curriculum, config.seed)  # real games: no variations
     return train_rl(
         start,
@@ -375,6 +387,7 @@ def train_policy(
             experience_label if config.rl.env == "dream" else "real",
             config_to_dict(phase.rl),
             settings["curriculum"],
+            *([] if config.games.target == "same" else [config.games.target]),  # other tasks: another run
         )
         rl_dir = root / f"rl-{config.rl.algorithm}-{config.rl.env}-{rl_key}"
         if config.rl.env == "dream":
@@ -436,6 +449,14 @@ def train_policy(
             stages.run(evaluate_task, name, str(path), test_dir, str(root), config)
             for name, path in (("untrained", bc.untrained), ("bc", bc.bc), ("dreamgym", str(final)))
         ]
+        # `games.target: headroom`: BC and the final policy on the held-out games of the training
+        # settings too, so that a gain on the target is never bought with a loss there.
+        same_evals = [
+            stages.run(evaluate_task, f"{name}-training-settings", str(path), same_dir, str(root), config)
+            for name, path in (("bc", bc.bc), ("dreamgym", str(final)))
+            for same_dir in [ingested.same_test_games_dir]
+            if same_dir is not None
+        ]
         train_evals = [
             stages.run(
                 evaluate_task,
@@ -449,7 +470,7 @@ def train_policy(
             for name, path in (("bc", bc.bc), ("dreamgym", str(final)))
             if config.evaluation.train_games
         ]
-        for summary in evals + train_evals:
+        for summary in evals + same_evals + train_evals:
             mlflow.log_metrics(evaluation_metrics(summary, prefix=f"eval_{summary['name'].replace('-', '_')}_"))
             for path in (summary["json_path"], episodes_path(summary["json_path"])):
                 mlflow.log_artifact(str(path), artifact_path="evaluation")
@@ -462,9 +483,26 @@ def train_policy(
         mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions})
         if not (stages.was_cached(dream_rl_task) or stages.was_cached(real_rl_task)):  # this run's work only
             mlflow.log_metric("rl_seconds", rl.seconds)
-        model = str(final)
+        model, bc_model = str(final), None
         if register_model:
             scores = {e["name"]: e for e in evals}
+            eval_set = current_eval_set(config, held_out_games(config, test_dir))
+            # BC is registered too, measured against itself: the champion while no RL policy beats it.
+            bc_version = register_model_dir(
+                bc.bc,
+                MODEL_NAME,
+                key=f"bc-{bc_key}",
+                tags={
+                    "data_md5": data_md5,
+                    "rl": "bc",
+                    "success_rate": f"{scores['bc']['success_rate']:.4f}",
+                    "real_transitions": "0",
+                    "eval_set": eval_set,
+                    **evaluation_tags(scores["bc"], scores["bc"]),
+                },
+                artifact_path="bc-model",
+            )
+            bc_model = f"models:/{MODEL_NAME}/{bc_version}"
             version = register_model_dir(
                 final,
                 MODEL_NAME,
@@ -475,7 +513,7 @@ def train_policy(
                     "rl": f"{config.rl.algorithm}-{config.rl.env}",
                     "success_rate": f"{evals[-1]['success_rate']:.4f}",
                     "real_transitions": str(real_used),
-                    "eval_set": current_eval_set(config, held_out_games(config, test_dir)),
+                    "eval_set": eval_set,
                     **evaluation_tags(scores["dreamgym"], scores["bc"]),
                 },
             )
@@ -487,6 +525,7 @@ def train_policy(
             mlflow_run_id=run.info.run_id,
             model=model,
             bc=bc,
+            bc_model=bc_model,
             rl=RLSummary(
                 algorithm=config.rl.algorithm,
                 env=config.rl.env,
@@ -500,6 +539,7 @@ def train_policy(
             ),
             evaluations=evals,
             train_evaluations=train_evals,
+            same_settings_evaluations=same_evals,
         )
         create_markdown_artifact(
             key="policy-summary",

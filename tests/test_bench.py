@@ -87,6 +87,7 @@ def test_plan_and_targets():
     assert list(plan) == [
         "bc",
         "real-grpo",
+        "real-grpo-10n",
         "real-ppo",
         "dreamgym-grpo",
         "dreamgym-ppo",
@@ -97,6 +98,7 @@ def test_plan_and_targets():
         "no-curriculum",
     ]
     assert plan["real-ppo"]["rl.real_budget"] == 1000 and plan["real-ppo"]["rl.algorithm"] == "ppo"
+    assert plan["real-grpo-10n"]["rl.real_budget"] == 10_000 and plan["real-grpo-10n"]["rl.env"] == "real"
     assert plan["real-grpo"]["rl.epochs"] > 1000, "real-env RL runs until its budget is spent"
     assert plan["dreamgym-s2r-grpo"]["rl.s2r_budget"] == 100 and plan["dreamgym-grpo"]["rl.env"] == "dream"
     with pytest.raises(DreamgymError, match="unknown bogus"):

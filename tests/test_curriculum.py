@@ -84,9 +84,10 @@ def test_reward_variance_by_hand():
 def test_task_score_by_hand():
     assert task_score([1, 0, 0, 0], [True, False, False, False], "entropy") == pytest.approx(0.8112781244591328)
     assert task_score([1, 0, 1, 0], [True, False, True, False], "variance") == pytest.approx(0.25)
-    # Always solved / always failed: no signal for GRPO, even with varying partial returns.
+    # Always solved: no outcome to learn; all failed but scoring differently: the score's signal.
     assert task_score([1, 1], [True, True], "entropy") == 0.0
-    assert task_score([0.0, 0.5], [False, False], "variance") == 0.0
+    assert task_score([0.0, 0.5], [False, False], "variance") == pytest.approx(0.0625)
+    assert task_score([2.0, 2.0], [False, False], "variance") == 0.0
     with pytest.raises(ValueError, match="2 returns but 1 successes"):
         task_score([1, 0], [True], "entropy")
     with pytest.raises(ValueError, match="unknown selection"):
@@ -112,15 +113,26 @@ def test_scores_follow_the_recorded_outcomes():
     variance = Curriculum(seed_tasks(), config(selection="variance"))
     record_three(variance)
     assert variance.score("mixed") == pytest.approx(0.25)
-    assert variance.score("failed") == 0.0
+    assert variance.score("solved") == 0.0
+    assert variance.score("failed") == pytest.approx(0.0625)  # all failed, but scored 0 or 0.5
 
 
-def test_draws_pick_the_uncertain_task_never_the_settled_ones():
+def test_draws_pick_the_uncertain_task_first_and_fill_the_epoch_with_others_not_repeats():
+    curriculum = Curriculum(seed_tasks(), config(tasks_per_epoch=1))
+    record_three(curriculum)
+    assert {curriculum.draw(epoch)[0].task_id for epoch in range(20)} == {"mixed"}
+    # Two slots, one uncertain task: the other slot goes to a settled task, not to "mixed" again.
+    curriculum = Curriculum(seed_tasks(), config(tasks_per_epoch=2))
+    record_three(curriculum)
+    for epoch in range(20):
+        drawn = [task.task_id for task in curriculum.draw(epoch)]
+        assert "mixed" in drawn and len(set(drawn)) == 2, drawn
+    # Only a pool smaller than the epoch repeats tasks, the uncertain one most.
     curriculum = Curriculum(seed_tasks(), config(tasks_per_epoch=16))
     record_three(curriculum)
     counts = Counter(task.task_id for epoch in range(5) for task in curriculum.draw(epoch))
-    assert counts == {"mixed": 80}
-    assert curriculum.metrics()["curriculum_score_mean"] == 1.0
+    assert sum(counts.values()) == 80 and set(counts) == {"mixed", "solved", "failed"}
+    assert counts["mixed"] > counts["solved"] and counts["mixed"] > counts["failed"]
 
 
 def test_uncertain_tasks_are_drawn_in_proportion_to_their_score():
@@ -140,7 +152,7 @@ def test_unseen_tasks_come_before_tried_ones_that_score_zero():
         curriculum = Curriculum(seeds, config(tasks_per_epoch=1, selection=selection))
         curriculum.record("solved", [1.0], [True])
         curriculum.record("failed", [0.0], [False])
-        curriculum.record("mixed", [1.0, 0.0], [False, False])
+        curriculum.record("mixed", [0.5, 0.5], [False, False])
         assert curriculum.score("new") == 1.0
         assert {curriculum.draw(epoch)[0].task_id for epoch in range(20)} == {"new"}
 
@@ -286,7 +298,9 @@ def test_variations_are_checked_logged_counted_and_pooled(caplog):
     assert curriculum.pool[pear].env == "tw-cooking" and curriculum.pool[pear].max_score == 4
     ids = Counter(task.task_id for task in drawn)
     assert len(drawn) == 7 and ids[pear] == 1 and ids[plum] == 1
-    assert ids["mixed"] == 5  # the 5 rejected slots go to pool tasks by score
+    # The 5 rejected slots go to the other pool tasks: each of the 3 once before any repeats.
+    assert sum(ids[task] for task in ("mixed", "solved", "failed")) == 5
+    assert all(ids[task] >= 1 for task in ("mixed", "solved", "failed"))
     metrics = curriculum.metrics()
     assert metrics["variations_accepted"] == 2 and metrics["variations_rejected"] == 5
     assert metrics["curriculum_tasks"] == 5

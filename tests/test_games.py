@@ -20,6 +20,8 @@ from dreamgym.data.games import (
     generate_games,
     list_games,
     plan_games,
+    target_folder,
+    target_settings,
 )
 from dreamgym.envs.textworld_env import GameFileError
 from dreamgym.errors import DreamgymError
@@ -42,6 +44,16 @@ def test_a_games_setting_is_read_back_from_its_name():
     bare = plan_games(GamesConfig(recipe=(1,), take=(1,), go=(1,), open=False, cook=False, cut=False), "train", 1, 0)
     assert game_setting(bare[0].name) == "recipe 1, take 1, rooms 1"
     assert game_setting("tw-simple-game") == "other"
+
+
+def test_the_headroom_target_draws_the_preset_s_harder_games_into_folders_of_their_own():
+    config = GamesConfig(target="headroom")
+    plan = plan_games(target_settings(config), "test", 30, seed=3)
+    assert {spec.recipe for spec in plan} == {3} and {spec.take for spec in plan} == {2, 3}
+    assert {spec.go for spec in plan} == {6, 9, 12} and all(spec.open and spec.cook and spec.cut for spec in plan)
+    # The training games keep the configured settings; only the target's games move.
+    assert target_settings(GamesConfig()) == GamesConfig()
+    assert (target_folder("test", config), target_folder("test", GamesConfig())) == ("test-headroom", "test")
 
 
 def test_unknown_split_is_rejected():

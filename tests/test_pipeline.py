@@ -96,7 +96,9 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert metrics["rl_curriculum_tasks"] - metrics["rl_variations_accepted"] == 3 + 1
     assert metrics["rl_real_transitions"] == 0
     assert parent.data.tags["dreamgym.experience_model"] == "models:/dreamgym-experience/1"
-    assert parent.data.tags["dreamgym.policy"] == "models:/dreamgym-policy/1"
+    # BC is registered first (version 1), the RL policy next (version 2).
+    assert parent.data.tags["dreamgym.policy"] == "models:/dreamgym-policy/2"
+    assert first.policy.bc_model == "models:/dreamgym-policy/1"
     assert {
         "eval_bc_success_rate",
         "eval_dreamgym_success_rate",
@@ -113,7 +115,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert config["rl"]["epochs"] == 1 and config["experience"]["hidden_size"] == 64
 
     # The new version is the challenger; the gate's decision is on its tags and in the run.
-    version = client.get_model_version("dreamgym-policy", "1")
+    version = client.get_model_version("dreamgym-policy", "2")
     assert "challenger" in version.aliases
     promotion = first.promotion
     assert version.tags["promotion.decision"] == ("promoted" if promotion.promoted else "rejected")
@@ -121,6 +123,12 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     rl = next(e for e in first.policy.evaluations if e["name"] == "dreamgym")
     assert promotion.promoted == (rl["success_rate"] > bc["success_rate"] and promotion.decision.p_value < 0.05)
     assert ("champion" in version.aliases) == promotion.promoted
+    # BC was the first champion: the challenger was measured against it, and the alias resolves
+    # whatever the decision (BC keeps it when the RL policy does not beat it).
+    assert promotion.decision.baseline.label == "models:/dreamgym-policy/1"
+    assert promotion.decision.baseline.successes == bc["wins"]
+    champion = client.get_model_version_by_alias("dreamgym-policy", "champion")
+    assert champion.version == ("2" if promotion.promoted else "1")
 
     # The run wrote the DVC stages' metrics and recorded them: DVC has nothing to redo, also once
     # Python has written bytecode beside the code a stage depends on (.dvcignore).
@@ -134,7 +142,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert policy_metrics["eval_dreamgym_success_rate"] == rl["success_rate"]
 
     # Lineage: policy → experience model → data → pipeline run.
-    links = lineage("models:/dreamgym-policy/1")
+    links = lineage("models:/dreamgym-policy/2")
     assert [link.kind for link in links] == ["policy", "experience-model", "data", "pipeline"]
     assert links[1].label == "models:/dreamgym-experience/1"
     assert links[2].facts["md5"] == data_md5
@@ -147,7 +155,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     states = _task_states(since)
     assert states and all(names == {"Cached"} for names in states.values()), states
     assert _buffer_rows(project) == rows
-    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 1
+    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 2
     assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
     assert second.policy.evaluations == first.policy.evaluations
     # ... and it says so: no rows inserted by this run, no data version presented as new, and its
@@ -170,9 +178,9 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     # (record-dvc-stage: dvc.lock notes the policy stage's new params; the experience stage's is a hit.)
     assert ran == {"rl-in-dream-env", "evaluate-policy", "promotion-gate", "record-dvc-stage"}, states
     assert "Cached" in states["record-dvc-stage"]
-    assert third.policy.model == "models:/dreamgym-policy/2"
+    assert third.policy.model == "models:/dreamgym-policy/3"  # BC is the same: registered once
     assert third.experience.model == first.experience.model
-    assert "challenger" in client.get_model_version("dreamgym-policy", "2").aliases
+    assert "challenger" in client.get_model_version("dreamgym-policy", "3").aliases
 
 
 def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
@@ -243,7 +251,7 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
 
     resumed = pipeline(str(params))
     client = MlflowClient()
-    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 1
+    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 2
     assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
     from sqlalchemy import text
 

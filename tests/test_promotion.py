@@ -17,6 +17,7 @@ from dreamgym.promotion import (
     Decision,
     Score,
     alias_version,
+    crown_first,
     decide,
     evaluation_tags,
     gate,
@@ -304,6 +305,26 @@ def test_gate_promotes_only_versions_that_beat_the_champion(mlflow_tracking, tmp
     again = gate(NAME, v3, config)
     assert not again.promote and again.p_value == 1.0 and "already the champion" in again.reason
     assert promotion_tags(v3) == third.tags()
+
+
+def test_bc_crowned_first_stays_champion_until_a_challenger_beats_it(mlflow_tracking, tmp_path):
+    """As the pipeline does: BC registered with its own score, crowned while there is no champion;
+    a challenger no better leaves it champion (the alias resolves), one that beats it takes it."""
+    outcomes = "1" * 15 + "0" * 25
+    bc = register(tmp_path, "bc", **evaluated(15, bc=15), eval_outcomes=outcomes, bc_outcomes=outcomes)
+    assert crown_first(NAME, bc) and alias_version(NAME, CHAMPION_ALIAS) == bc
+    assert not crown_first(NAME, "999"), "a champion exists: nothing changes"
+
+    same = register(tmp_path, "rl-1", **evaluated(15, bc=15), eval_outcomes=outcomes, bc_outcomes=outcomes)
+    kept = gate(NAME, same, PromotionConfig())
+    assert not kept.promote and kept.baseline.label == f"models:/{NAME}/{bc}"
+    assert alias_version(NAME, CHAMPION_ALIAS) == bc
+
+    better = "1" * 21 + "0" * 19  # BC's 15 games kept and 6 gained: paired p = 1/64
+    winner = register(tmp_path, "rl-2", **evaluated(21, bc=15), eval_outcomes=better, bc_outcomes=outcomes)
+    decision = gate(NAME, winner, PromotionConfig())
+    assert decision.promote and decision.test == "paired" and decision.p_value == pytest.approx(1 / 64)
+    assert alias_version(NAME, CHAMPION_ALIAS) == winner
 
 
 def test_gate_pairs_the_episodes_when_the_version_records_them(mlflow_tracking, tmp_path):

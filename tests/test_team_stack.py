@@ -185,7 +185,8 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
         ["ingest", "train-experience", "train-policy", "promotion"]
     )
     assert parent.data.tags["prefect.flow_run_id"] == str(flow_run.id)
-    assert [v.version for v in client.search_model_versions("name = 'dreamgym-policy'")] == ["1"]
+    # BC (version 1, the first champion) and the RL policy (version 2).
+    assert sorted(v.version for v in client.search_model_versions("name = 'dreamgym-policy'")) == ["1", "2"]
     assert [v.version for v in client.search_model_versions("name = 'dreamgym-experience'")] == ["1"]
     # Artifacts went up through the server into its artifact store, and come back down.
     assert parent.info.artifact_uri.startswith("mlflow-artifacts:")
@@ -194,7 +195,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     mlflow.set_tracking_uri(tracking)
     try:
         summary = mlflow.artifacts.load_dict(f"runs:/{parent.info.run_id}/summary.json")
-        links = lineage("models:/dreamgym-policy/1")  # lineage reads the server as it reads a file store
+        links = lineage("models:/dreamgym-policy/2")  # lineage reads the server as it reads a file store
     finally:
         mlflow.set_tracking_uri(None)
     assert [link.kind for link in links] == ["policy", "experience-model", "data", "pipeline"]
@@ -248,10 +249,11 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     leaks = [password for password in passwords for each in texts if password in each]
     assert not leaks, f"{len(leaks)} password occurrences in params, tags, artifacts or logs"
 
-    # A teammate's run from another checkout, against the same servers: the registry is shared,
-    # so its version is 2, and the gate measures it against the champion the team chose (version
-    # 1, approved by hand as an operator does with `mlflow` aliases), not against BC.
-    client.set_registered_model_alias("dreamgym-policy", "champion", "1")
+    # A teammate's run from another checkout, against the same servers: the registry is shared, so
+    # its BC (the same data and settings) is version 1 again and its RL policy version 3; the gate
+    # measures it against the champion the team chose (version 2, approved by hand as an operator
+    # does with `mlflow` aliases), not against BC.
+    client.set_registered_model_alias("dreamgym-policy", "champion", "2")
     other = _checkout(tmp_path / "checkout-b", train_games, test_games, task_games)
     _write_overrides(other / "params.yaml", OVERRIDES)
     result = subprocess.run(
@@ -262,11 +264,11 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
         text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    second = client.get_model_version("dreamgym-policy", "2")
-    assert second.tags["promotion.baseline"] == "models:/dreamgym-policy/1", second.tags
+    second = client.get_model_version("dreamgym-policy", "3")
+    assert second.tags["promotion.baseline"] == "models:/dreamgym-policy/2", second.tags
     assert second.tags["experience_model"] == "models:/dreamgym-experience/2"
     champion = client.get_model_version_by_alias("dreamgym-policy", "champion").version
-    assert champion == ("2" if second.tags["promotion.decision"] == "promoted" else "1")
+    assert champion == ("3" if second.tags["promotion.decision"] == "promoted" else "2")
 
 
 def test_the_compose_file_runs_what_the_process_stack_runs():

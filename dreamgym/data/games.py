@@ -49,6 +49,26 @@ _SERIAL_AT = slice(0x12, 0x18)  # the Z-machine header's serial number; the chec
 SEED_STRIDE = GAME_SEED_STRIDE
 
 
+# The headroom benchmark (`games.target: headroom`): the shape of the hardest published tw-cooking
+# levels (three ingredients, several rooms, open/cook/cut), with 2-3 of them to find. A game's file
+# name spells its settings, so these games never mix with others; changing the preset makes new
+# games, not changed ones.
+HEADROOM = {"recipe": (3,), "take": (2, 3), "go": (6, 9, 12)}
+
+
+def target_settings(config: GamesConfig) -> GamesConfig:
+    """The settings of the games RL practises and the gate measures (`games.target`)."""
+    if config.target == "headroom":
+        return dataclasses.replace(config, **HEADROOM)
+    return config
+
+
+def target_folder(split_folder: str, config: GamesConfig) -> str:
+    """The folder name of the target's games of a kind (`test`, `tasks`): `test` for the training
+    settings, `test-headroom` for the preset."""
+    return split_folder if config.target == "same" else f"{split_folder}-{config.target}"
+
+
 class GameGenerationError(DreamgymError):
     """tw-make failed or is not installed."""
 
