@@ -103,12 +103,12 @@ class GamesConfig:
         Literal["same", "headroom"],
         _help(
             "The tasks RL practises and the held-out games the gate measures: 'same' settings as the "
-            "training games above; 'headroom' the named preset of harder games, recipes of 3 with 2-3 "
-            "ingredients to find in 6-12 rooms (dreamgym.data.games.HEADROOM), which BC, trained on the "
-            "easier games, mostly loses. With 'headroom' the held-out games of the training settings are "
-            "still played, beside."
+            "training games above; 'headroom' the named preset of harder games, recipes of 2-3 with 2-3 "
+            "ingredients to find in 6 or 9 rooms (dreamgym.data.games.HEADROOM), which BC, trained on the "
+            "easier games, mostly loses. With 'headroom' RL practises the preset's task games only, and the "
+            "held-out games of the training settings are still played, beside."
         ),
-    ] = "same"
+    ] = "headroom"
 
     def __post_init__(self) -> None:
         if self.train_count + self.task_count > GAME_SEED_STRIDE:
@@ -540,10 +540,11 @@ class CurriculumConfig:
     selection: Annotated[
         Literal["entropy", "variance"],
         _help(
-            "Task score: 'entropy' of the task's success rate (bits) or 'variance' of its episode "
-            "returns, over its recent rollouts."
+            "Task score: 'variance' of its episode returns (those rl.reward gives GRPO) or 'entropy' of the "
+            "task's success rate (bits), over its recent rollouts. With score rewards, entropy scores every "
+            "task the policy never wins 0."
         ),
-    ] = "entropy"
+    ] = "variance"
     window: Annotated[int, _help("Recent rollouts per task that count towards its score.", ge=1)] = 32
     tasks_per_epoch: Annotated[int, _help("Tasks drawn for each RL epoch.", ge=1)] = 8
     variation_fraction: Annotated[
@@ -680,12 +681,21 @@ class RLConfig:
         Literal["outcome", "score"],
         _help(
             "'outcome': 1 at the end of a won episode, else 0 (the paper's choice); 'score': the "
-            "game's score increases (the env's step rewards)."
+            "game's score increases (the env's step rewards): on the headroom games the outcome left most "
+            "groups of rollouts alike, and RL unchanged (results log, 2026-12-02)."
         ),
-    ] = "outcome"
+    ] = "score"
     epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 6
     group_size: Annotated[int, _help("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
-    max_steps: Annotated[int, _help("Steps before an RL episode is truncated.", ge=1, le=1000)] = 20
+    max_steps: Annotated[
+        int,
+        _help(
+            "Steps before an RL episode is truncated; shorter than evaluation.max_steps, RL cannot win the "
+            "games whose shortest path is longer (a headroom game's expert path takes up to 32 steps).",
+            ge=1,
+            le=1000,
+        ),
+    ] = 50
     learning_rate: Annotated[
         float,
         _help(

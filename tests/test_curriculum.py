@@ -42,7 +42,7 @@ def seed_tasks() -> list[Task]:
 
 
 def config(**values) -> CurriculumConfig:
-    return CurriculumConfig(**{"variation_fraction": 0.0, "tasks_per_epoch": 8, **values})
+    return CurriculumConfig(**{"variation_fraction": 0.0, "tasks_per_epoch": 8, "selection": "entropy", **values})
 
 
 def record_three(curriculum: Curriculum) -> None:
