@@ -57,7 +57,7 @@ class IngestResult:
     test_games_dir: str  # the held-out games of `games.target`: the gate's
     task_games_dir: str  # training-split games whose tasks RL practises; no trajectories of them
     # With `games.target: headroom`, the held-out games of the training settings, played beside.
-    same_test_games_dir: str | None = None
+    same_test_games_dir: str | None
     collection: CollectionResult
     validation: ValidationResult
     validated_path: str  # the rows that passed validation: what every later stage reads
