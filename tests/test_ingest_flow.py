@@ -212,8 +212,15 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
 
     config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW})
     policy = train_policy(config, ingested, second, str(project))
-    assert policy.model == f"models:/{POLICY}/1"
+    # BC is registered first (the champion while nothing beats it), the RL policy next.
+    assert (policy.bc_model, policy.model) == (f"models:/{POLICY}/1", f"models:/{POLICY}/2")
     assert [e["name"] for e in policy.evaluations] == ["untrained", "bc", "dreamgym"]
+    # games.target headroom: the held-out games are the preset's, those of the training settings beside.
+    assert [e["name"] for e in policy.same_settings_evaluations] == [
+        "bc-training-settings",
+        "dreamgym-training-settings",
+    ]
+    assert ingested.test_games_dir.endswith("test-headroom") and ingested.same_test_games_dir.endswith("test")
     assert all(e["episodes"] == 1 and e["real_transitions"] > 0 for e in policy.evaluations)
     assert policy.rl.epochs == 1 and policy.rl.real_transitions == 0
     assert policy.rl.synthetic_transitions > 0
@@ -230,8 +237,9 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     } <= set(run.data.metrics)
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
     assert any(path.endswith("learning_curves.png") for path in artifacts)
-    version = client.get_model_version(POLICY, "1")
+    version = client.get_model_version(POLICY, "2")
     assert version.tags["experience_model"] == first.model
+    assert client.get_model_version(POLICY, "1").tags["rl"] == "bc"
     again = train_policy(config, ingested, second, str(project))
     # The same policy and figures, and the rerun says its training was done before.
     assert not policy.rl.reused and again.rl.reused and again.bc.reused
@@ -240,7 +248,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
         policy.model,
         policy.evaluations,
     )
-    assert len(client.search_model_versions(f"name = '{POLICY}'")) == 1
+    assert len(client.search_model_versions(f"name = '{POLICY}'")) == 2
 
 
 def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
