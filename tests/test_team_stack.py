@@ -250,9 +250,9 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     assert not leaks, f"{len(leaks)} password occurrences in params, tags, artifacts or logs"
 
     # A teammate's run from another checkout, against the same servers: the registry is shared, so
-    # its BC (the same data and settings) is version 1 again and its RL policy version 3; the gate
-    # measures it against the champion the team chose (version 2, approved by hand as an operator
-    # does with `mlflow` aliases), not against BC.
+    # its BC (its own data version: the collection records its run) is version 3 and its RL policy
+    # version 4; the gate measures it against the champion the team chose (version 2, approved by
+    # hand as an operator does with `mlflow` aliases), not against BC, and does not crown its BC.
     client.set_registered_model_alias("dreamgym-policy", "champion", "2")
     other = _checkout(tmp_path / "checkout-b", train_games, test_games, task_games)
     _write_overrides(other / "params.yaml", OVERRIDES)
@@ -264,11 +264,12 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
         text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    second = client.get_model_version("dreamgym-policy", "3")
+    assert client.get_model_version("dreamgym-policy", "3").tags["rl"] == "bc"
+    second = client.get_model_version("dreamgym-policy", "4")
     assert second.tags["promotion.baseline"] == "models:/dreamgym-policy/2", second.tags
     assert second.tags["experience_model"] == "models:/dreamgym-experience/2"
-    champion = client.get_model_version_by_alias("dreamgym-policy", "champion").version
-    assert champion == ("3" if second.tags["promotion.decision"] == "promoted" else "2")
+    champion = str(client.get_model_version_by_alias("dreamgym-policy", "champion").version)
+    assert champion == ("4" if second.tags["promotion.decision"] == "promoted" else "2")
 
 
 def test_the_compose_file_runs_what_the_process_stack_runs():
