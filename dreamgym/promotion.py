@@ -427,11 +427,14 @@ def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Calla
     seeded as `evaluation` says, and return its Score there. Nothing is loaded until it is called."""
 
     def evaluate(reference: str) -> Score:
+        from dreamgym.data.games import target_folder
         from dreamgym.evaluation import current_eval_set, evaluate_policy, held_out_games
         from dreamgym.policy.model import load_policy
         from dreamgym.registry import resolve_model
 
-        games = held_out_games(config, Path(project_dir) / config.paths.data_dir / "games" / "test")
+        # The gate's held-out games: those of games.target (`test-headroom` for the headroom preset).
+        games_dir = Path(project_dir) / config.paths.data_dir / "games" / target_folder("test", config.games)
+        games = held_out_games(config, games_dir)
         policy_dir, label = resolve_model(reference, Path(project_dir) / config.paths.run_dir / "models")
         settings = config.evaluation
         report = evaluate_policy(
