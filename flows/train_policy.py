@@ -451,10 +451,10 @@ def train_policy(
         ]
         # `games.target: headroom`: BC and the final policy on the held-out games of the training
         # settings too, so that a gain on the target is never bought with a loss there.
+        same_dir = ingested.same_test_games_dir
         same_evals = [
             stages.run(evaluate_task, f"{name}-training-settings", str(path), same_dir, str(root), config)
             for name, path in (("bc", bc.bc), ("dreamgym", str(final)))
-            for same_dir in [ingested.same_test_games_dir]
             if same_dir is not None
         ]
         train_evals = [
