@@ -26,6 +26,7 @@ import yaml
 from common import model_setup
 
 from dreamgym.data.games import games_if_any, list_games
+from dreamgym.data.harder_games import harder_game_writer
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.recall import RecallingDynamics
@@ -65,7 +66,8 @@ def main() -> None:
     print(json.dumps({"seed_tasks": len(seeds), "settings": overrides}), flush=True)
 
     with open_experience_model(setup.model_dir, setup.run_dir, config) as experience:
-        curriculum = dream_curriculum(seeds, experience, config)
+        game_writer = harder_game_writer(args.out / "variation-games", config.seed, config.games.workers)
+        curriculum = dream_curriculum(seeds, experience, config, game_writer)
         dynamics = RecallingDynamics(experience, rows) if config.rl.recall_real else experience
         check = RealCheck(
             lambda: TextWorldEnv(config.rl.max_steps),

@@ -561,13 +561,15 @@ class CurriculumConfig:
         _help("Variations are written from this top-scoring share of the seed tasks (at least one).", gt=0.0, le=1.0),
     ] = 0.5
     variations: Annotated[
-        Literal["model", "domain"],
+        Literal["games", "model", "domain"],
         _help(
-            "Who writes the variations: 'model', the experience model's backbone (the paper; "
-            "experience.variations_per_task trains it to); 'domain', the environment's rules "
-            "(experience.domain): the seed's start under another task it could pose."
+            "Who writes the variations: 'games', the environment, as a real game one step harder "
+            "than the seed (a larger recipe, more to find, more rooms; its start read by a reset); "
+            "'model', the experience model's backbone (the paper; experience.variations_per_task "
+            "trains it to); 'domain', the environment's rules (experience.domain): the seed's start "
+            "under another task it could pose."
         ),
-    ] = "model"
+    ] = "games"
 
 
 @dataclass(config=_STRICT)

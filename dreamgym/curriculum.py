@@ -12,8 +12,9 @@ A task that was always solved or always failed scores 0; a task never tried scor
 
 Each epoch `draw` returns `tasks_per_epoch` tasks. A share `variation_fraction` (the paper's cap
 λ on synthetic tasks per iteration) are new *variations* of the top-scoring `top_fraction` of the
-seed tasks, written by the experience model's backbone (the paper) or by the environment's rules
-(`domain_variation_writer`: the seed's start with another task), and checked by `check_variation`
+seed tasks, written by the experience model's backbone (the paper), by the environment's rules
+(`domain_variation_writer`: the seed's start with another task) or as real games one step harder
+than the seed (`data/harder_games.py`), and checked by `check_variation`
 (parseable state, available actions, no duplicate, no new action types); rejected ones are
 logged with the reason and counted, accepted ones join the pool for good. The other slots go to
 pool tasks sampled without replacement with probability proportional to their score; where too
@@ -217,7 +218,9 @@ class Curriculum:
     `write_variations(top_seeds, count)` returns candidate tasks, of which the first `count` that
     pass `check_variation` are kept; each one's `task_id` names the seed it varies (the seed's own
     id, or `<seed id>~<anything>`), e.g. `dataclasses.replace(seed, instruction=...,
-    initial_state=...)`. Accepted ones get a `variation_id` and the seed's env and max_score.
+    initial_state=...)`. Accepted ones get a `variation_id` and the seed's env; a variation that
+    is a real game (`data/harder_games.py`) keeps its game file and max score, any other gets
+    the seed's max score.
     `known_verbs` defaults to the action types of the seeds' initial states.
     """
 
@@ -354,8 +357,9 @@ class Curriculum:
                 task_id=variation_id(origin, candidate.instruction, candidate.initial_state),
                 instruction=candidate.instruction,
                 env=origin.env,
+                game_file=candidate.game_file,
                 initial_state=candidate.initial_state,
-                max_score=origin.max_score,
+                max_score=candidate.max_score if candidate.game_file else origin.max_score,
             )
             self._add(task)
             known.add(_asks(task))

@@ -24,6 +24,7 @@ from prefect.artifacts import create_markdown_artifact
 from dreamgym.config import PipelineConfig, RLConfig, config_to_dict
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import games_if_any, list_games
+from dreamgym.data.harder_games import harder_game_writer
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.recall import RecallingDynamics
@@ -233,7 +234,8 @@ def dream_rl_task(
         database = experience.database
         if config.rl.write_back and database is None:
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
-        curriculum = dream_curriculum(seeds, experience, config)
+        game_writer = harder_game_writer(Path(out_dir) / "variation-games", config.seed, config.games.workers)
+        curriculum = dream_curriculum(seeds, experience, config, game_writer)
         recalling = RecallingDynamics(experience, rows) if config.rl.recall_real else None
         dynamics = recalling or experience
 

@@ -19,6 +19,7 @@ from dreamgym.curriculum import (
     weighted_sample,
 )
 from dreamgym.envs.base import Task
+from dreamgym.errors import DreamgymError
 from dreamgym.state import AbstractState, format_state
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
@@ -357,8 +358,15 @@ def test_the_dream_curriculum_has_its_variations_written_by_whom_the_config_name
     by_rules.draw(0)
     written = [task for task_id, task in by_rules.pool.items() if "~" in task_id]
     assert len(written) == 2 and all(task.instruction.endswith((" twice", " slowly")) for task in written)
-    by_backbone = dream_curriculum(seed_tasks(), served, PipelineConfig(curriculum=settings))
+    by_backbone = dream_curriculum(
+        seed_tasks(), served, PipelineConfig(curriculum=dataclasses.replace(settings, variations="model"))
+    )
     assert by_backbone.write_variations is None  # `model` variations need the backbone's weights
+    # `games` (the default): the environment's game maker, which only the environment can give
+    with pytest.raises(DreamgymError, match="no game maker was given"):
+        dream_curriculum(seed_tasks(), served, PipelineConfig(curriculum=settings))
+    by_games = dream_curriculum(seed_tasks(), served, PipelineConfig(curriculum=settings), game_writer=write_some)
+    assert by_games.write_variations is write_some
 
 
 def test_no_action_types_to_check_against_is_an_error():

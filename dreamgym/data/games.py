@@ -115,19 +115,30 @@ class GameSpec:
         return args
 
 
-_NAME = re.compile(r"cooking-\w+-r(\d+)t(\d+)g(\d+)(?:-([okc]+))?-s\d+")
+_NAME = re.compile(r"cooking-(\w+)-r(\d+)t(\d+)g(\d+)(?:-([okc]+))?-s(\d+)")
 _FLAGS = {"o": "open", "k": "cook", "c": "cut"}
+
+
+def spec_of(task_id: str) -> GameSpec | None:
+    """The spec a game was made from, read back from its name (`GameSpec.name`); None for a game
+    not named so."""
+    match = _NAME.fullmatch(task_id)
+    if match is None:
+        return None
+    split, recipe, take, go, flags, seed = match.groups()
+    flags = flags or ""
+    return GameSpec(split, int(seed), int(recipe), int(take), int(go), "o" in flags, "k" in flags, "c" in flags)
 
 
 def game_setting(task_id: str) -> str:
     """The tw-cooking settings a game was made with, read from its name (`GameSpec.name`):
     "recipe 2, take 1, rooms 6, open/cook/cut"; "other" for a game not named so."""
-    match = _NAME.fullmatch(task_id)
-    if match is None:
+    spec = spec_of(task_id)
+    if spec is None:
         return "other"
-    recipe, take, go, flags = match.groups()
-    label = f"recipe {recipe}, take {take}, rooms {go}"
-    return label + (", " + "/".join(_FLAGS[flag] for flag in flags) if flags else "")
+    label = f"recipe {spec.recipe}, take {spec.take}, rooms {spec.go}"
+    flags = [_FLAGS[flag] for flag, on in (("o", spec.open), ("k", spec.cook), ("c", spec.cut)) if on]
+    return label + (", " + "/".join(flags) if flags else "")
 
 
 def check_split(split: str) -> str:

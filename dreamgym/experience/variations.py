@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from dreamgym.config import PipelineConfig
-from dreamgym.curriculum import Curriculum, domain_variation_writer, variation_id
+from dreamgym.curriculum import Curriculum, WriteVariations, domain_variation_writer, variation_id
 from dreamgym.envs.base import Task
+from dreamgym.errors import DreamgymError
 from dreamgym.experience.examples import Example
 from dreamgym.experience.generate import CACHE
 from dreamgym.renaming import (
@@ -185,12 +186,24 @@ def variation_writer(
     )
 
 
-def dream_curriculum(seeds: Sequence[Task], experience, config: PipelineConfig) -> Curriculum:
+def dream_curriculum(
+    seeds: Sequence[Task], experience, config: PipelineConfig, game_writer: WriteVariations | None = None
+) -> Curriculum:
     """The curriculum of RL in DreamEnv on `seeds`, its variations written as `curriculum.variations`
-    says: by the environment's rules (`domain`) or by `experience`'s backbone (`model`; none when
-    the model is served over HTTP or `experience.variations_per_task` is 0)."""
+    says: as real games one step harder than their seed (`games`: `game_writer`, which the
+    environment provides, e.g. `data/harder_games.harder_game_writer`), by the environment's rules
+    (`domain`) or by `experience`'s backbone (`model`; none when the model is served over HTTP or
+    `experience.variations_per_task` is 0)."""
     writer = None
-    if config.curriculum.variations == "domain":
+    if config.curriculum.variations == "games":
+        if game_writer is None:
+            raise DreamgymError(
+                "curriculum.variations is 'games' but no game maker was given: the environment makes the "
+                "harder games (TextWorld: dreamgym.data.harder_games); set curriculum.variations to "
+                "'domain' or 'model' for an environment without one"
+            )
+        writer = game_writer
+    elif config.curriculum.variations == "domain":
         writer = domain_variation_writer(experience.domain, config.seed)
     elif experience.model is not None and config.experience.variations_per_task:
         writer = variation_writer(experience.model, experience.tokenizer, config.seed)
