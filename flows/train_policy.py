@@ -258,8 +258,8 @@ def dream_rl_task(
         if train_games_dir is not None:
             game_of = {game.stem: game for game in [*games_if_any(train_games_dir), *task_games]}
 
-            def real_task(task):
-                game = game_of.get(task.task_id)
+            def real_task(task):  # a seed's game, or the real game a `games` variation is
+                game = game_of.get(task.task_id) or task.game_file
                 return load_task(game) if game is not None else None
 
             real_check = RealCheck(

@@ -3,7 +3,7 @@
 A policy that learns in a learned simulator can learn the simulator's mistakes: a success the
 experience model grants for a step the game would refuse. Success in DreamEnv then rises while
 success in the real game does not. `RealCheck` plays the tasks an epoch drew in their real games
-(those that have one: seed tasks, not the curriculum's written variations), with the same policy,
+(those that have one: seed tasks and `games` variations, not variations written as text), with the same policy,
 temperature and group size as the dream rollouts, so that the two success rates compare like with
 like. These real transitions are measurements, never learned from: they are logged per epoch
 (`real_check_transitions`) apart from any real-transition budget.
