@@ -680,11 +680,12 @@ class RLConfig:
         ),
     ] = "dream"
     reward: Annotated[
-        Literal["outcome", "score"],
+        Literal["outcome", "score", "progress"],
         _help(
             "'outcome': 1 at the end of a won episode, else 0 (the paper's choice); 'score': the "
             "game's score increases (the env's step rewards): on the headroom games the outcome left most "
-            "groups of rollouts alike, and RL unchanged (results log, 2026-12-02)."
+            "groups of rollouts alike, and RL unchanged (results log, 2026-12-02); 'progress': the "
+            "score's increases, taken back when the game is lost (a rushed, lost episode returns 0)."
         ),
     ] = "score"
     epochs: Annotated[int, _help("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 6

@@ -61,11 +61,20 @@ class Episode:
     def done(self) -> bool:
         return self.terminated or self.truncated or self.cut
 
+    @property
+    def lost(self) -> bool:
+        """Ended by the game without a win (a step limit is not a loss)."""
+        return self.terminated and not self.won
+
     def step_rewards(self, reward: str) -> list[float]:
         """'outcome': 1 on the last step of a won episode, else 0 (the paper's reward);
-        'score': the environment's rewards (the game's score increases)."""
+        'score': the environment's rewards (the game's score increases); 'progress': the score's
+        increases, all taken back on the last step of a lost episode (its return is 0)."""
         if reward == "score":
             return list(self.rewards)
+        if reward == "progress":
+            taken_back = -sum(self.rewards) if self.lost else 0.0
+            return [*self.rewards[:-1], self.rewards[-1] + taken_back] if self.steps else []
         return [0.0] * (self.steps - 1) + [1.0 if self.won else 0.0] if self.steps else []
 
     def episode_return(self, reward: str) -> float:
