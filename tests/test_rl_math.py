@@ -501,3 +501,23 @@ def test_an_epoch_the_budget_cut_entirely_is_no_collapse():
     """An epoch whose every episode the real budget cut has no success rate (none finished), not 0."""
     cut_short = {"epoch": 2.0, "entropy": 1.0, "episodes": 0.0, "cut_episodes": 8.0}
     assert collapse_warnings([_row(0, 1.0, 0.5), _row(1, 1.0, 0.75), cut_short]) == []
+
+
+def test_progress_takes_back_the_score_of_a_lost_episode():
+    from dreamgym.envs.base import Task
+    from dreamgym.rl.rollout import Episode
+
+    def episode(rewards, *, won=False, terminated=False, truncated=False):
+        ep = Episode(Task("t", "cook", "tw-cooking"), rewards=list(rewards), won=won)
+        ep.decisions = [None] * len(rewards)
+        ep.terminated, ep.truncated = terminated, truncated
+        return ep
+
+    lost = episode([1.0, 0.0, 2.0, 0.0], terminated=True)
+    assert lost.step_rewards("progress") == [1.0, 0.0, 2.0, -3.0] and lost.episode_return("progress") == 0.0
+    assert lost.episode_return("score") == 3.0  # the score alone rewards rushing into a loss
+    slow = episode([1.0, 0.0, 0.0], truncated=True)  # the step limit is not a loss
+    assert slow.step_rewards("progress") == [1.0, 0.0, 0.0]
+    won = episode([1.0, 2.0, 4.0], won=True, terminated=True)
+    assert won.episode_return("progress") == 7.0 and won.episode_return("outcome") == 1.0
+    assert episode([], terminated=True).step_rewards("progress") == []
