@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
+
+import pytest
 
 from dreamgym.config import CurriculumConfig
 from dreamgym.curriculum import Curriculum, state_verbs
@@ -47,13 +51,25 @@ def play_expert(task, max_steps: int = 80) -> tuple[bool, float, set[str]]:
         env.close()
 
 
-def test_the_curriculum_takes_a_harder_real_game_that_its_walkthrough_wins(task_games, tmp_path):
-    seeds = tasks_at_start(task_games)
-    seed = seeds[0]
-    settings = CurriculumConfig(tasks_per_epoch=4, variation_fraction=0.5, top_fraction=1.0, variations="games")
-    _, _, played = play_expert(seed)  # the action types the offline data would show in the seed's game
-    writer = harder_game_writer(tmp_path, seed=0)
-    curriculum = Curriculum([seed], settings, seed=0, write_variations=writer, known_verbs=played)
+@pytest.fixture(scope="module")
+def seed_and_verbs(task_games):
+    """A task game's task with its start, and the action types its walkthrough meets (what the
+    offline data would show of it)."""
+    seed = tasks_at_start(task_games)[0]
+    return seed, play_expert(seed)[2]
+
+
+def curriculum_of(seed, verbs, folder, tasks_per_epoch: int = 4) -> Curriculum:
+    """Half of each epoch's tasks new variations of `seed`, made into `folder`."""
+    settings = CurriculumConfig(
+        tasks_per_epoch=tasks_per_epoch, variation_fraction=0.5, top_fraction=1.0, variations="games"
+    )
+    return Curriculum([seed], settings, seed=0, write_variations=harder_game_writer(folder), known_verbs=verbs)
+
+
+def test_the_curriculum_takes_a_harder_real_game_that_its_walkthrough_wins(seed_and_verbs, tmp_path):
+    seed, verbs = seed_and_verbs
+    curriculum = curriculum_of(seed, verbs, tmp_path)
 
     curriculum.draw(0)
     variations = [task for task_id, task in curriculum.pool.items() if task_id != seed.task_id]
@@ -61,7 +77,7 @@ def test_the_curriculum_takes_a_harder_real_game_that_its_walkthrough_wins(task_
     base = spec_of(seed.task_id)
     for variation in variations:
         assert variation.task_id.startswith(f"{seed.task_id}~")
-        made = spec_of(variation.game_file.rsplit("/", 1)[-1].removesuffix(".z8"))
+        made = spec_of(Path(variation.game_file).stem)
         assert made in harder_specs(base)  # one setting raised, the split and seed kept
         assert parse_state(variation.initial_state).actions
         if made.recipe > base.recipe:
@@ -72,3 +88,18 @@ def test_the_curriculum_takes_a_harder_real_game_that_its_walkthrough_wins(task_
     curriculum.draw(1)  # the next epoch: other harder games, never the same one twice
     made = [task.game_file for task in curriculum.pool.values() if task.game_file and "~" in task.task_id]
     assert len(made) == len(set(made)) == min(4, len(harder_specs(base)))
+
+
+def test_a_resumed_curriculum_takes_the_harder_games_the_uninterrupted_one_takes(seed_and_verbs, tmp_path):
+    seed, verbs = seed_and_verbs
+    assert len(harder_specs(spec_of(seed.task_id))) >= 2  # TINY_GAMES' settings are never tw-cooking's largest
+    original = curriculum_of(seed, verbs, tmp_path, tasks_per_epoch=2)  # one variation an epoch
+    original.draw(0)
+    state = json.loads(json.dumps(original.state_dict()))
+    # killed here: a new process, a new writer that remembers nothing it offered
+    resumed = Curriculum.from_state_dict(
+        state, [seed], original.config, write_variations=harder_game_writer(tmp_path), known_verbs=verbs
+    )
+    assert resumed.draw(1) == original.draw(1)
+    assert resumed.pool == original.pool and len(original.pool) == 3  # the seed and two harder games
+    assert resumed.rejected == 1  # epoch 0's game, offered again first, a duplicate

@@ -10,17 +10,17 @@ solvable (tw-cooking makes a game with its walkthrough); and it asks for more th
 which the offline data, the seeds and the backbone's own variations never reach.
 
 A variation is made in the seed's split: a training game's variation never becomes a held-out
-game (the test split has other foods and its own file names). Games already made are reused, so a
-resumed run offers the same variations (those in its pool come back once and are rejected as
-duplicates).
+game (the test split has other foods and its own file names). Games already made are reused, and a
+resumed run takes the same variations (`harder_game_writer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dreamgym.curriculum import WriteVariations
@@ -49,29 +49,37 @@ def harder_specs(spec: GameSpec) -> list[GameSpec]:
 
 
 def harder_game_writer(out_dir: str | Path, seed: int = 0, workers: int = 1) -> WriteVariations:
-    """`write_variations` for `Curriculum`: for each seed offered (in turn, `count` in all) one of
-    its one-step-harder games not offered before, made into `out_dir`, as a Task with the seed's
-    id (the curriculum names the variation), the new game's file, initial state and max score. A
-    seed whose name is not a game's, or whose harder games were all offered, gets none."""
+    """`write_variations` for `Curriculum`: the seeds' one-step-harder games not offered before,
+    the seeds taken in turn, each seed's in an order fixed by `seed` and the seed alone; made into
+    `out_dir` `count` at a time, as far as the curriculum reads, each a Task with its seed's id (the
+    curriculum names the variation), the new game's file, initial state and max score. A seed whose
+    name is not a game's, or whose harder games were all offered, gets none. A resumed run's new
+    writer offers the games its pool holds first; they are rejected as duplicates and it goes on to
+    the ones the uninterrupted run would have offered next."""
     offered: set[str] = set()
 
-    def write(seeds: Sequence[Task], count: int) -> list[Task]:
-        rng = random.Random(f"{seed}:harder:{len(offered)}:{','.join(task.task_id for task in seeds)}")
-        chosen: list[tuple[Task, GameSpec]] = []
-        for task in (seeds[i % len(seeds)] for i in range(count)) if seeds else ():
+    def candidates(seeds: Sequence[Task]) -> Iterator[tuple[Task, GameSpec]]:
+        orders = []
+        for task in seeds:
             spec = spec_of(task.task_id)
             if spec is None:
                 logger.warning("no harder game for %s: its id is not a game's name", task.task_id)
                 continue
-            fresh = [step for step in harder_specs(spec) if step.name not in offered]
-            if fresh:
-                choice = rng.choice(fresh)
-                offered.add(choice.name)
-                chosen.append((task, choice))
-        paths, _ = generate_games([spec for _, spec in chosen], out_dir, workers=workers, progress=False)
-        return [
-            dataclasses.replace(start, task_id=origin.task_id)
-            for (origin, _), start in zip(chosen, tasks_at_start(paths))
-        ]
+            steps = harder_specs(spec)
+            random.Random(f"{seed}:harder:{task.task_id}").shuffle(steps)
+            orders.append((task, [step for step in steps if step.name not in offered]))
+        for turn in itertools.count():
+            row = [(task, steps[turn]) for task, steps in orders if turn < len(steps)]
+            if not row:
+                return
+            yield from row
+
+    def write(seeds: Sequence[Task], count: int) -> Iterator[Task]:
+        pending = candidates(seeds)
+        while batch := list(itertools.islice(pending, max(count, 1))):
+            offered.update(spec.name for _, spec in batch)
+            paths, _ = generate_games([spec for _, spec in batch], out_dir, workers=workers, progress=False)
+            for (origin, _), start in zip(batch, tasks_at_start(paths)):
+                yield dataclasses.replace(start, task_id=origin.task_id)
 
     return write
