@@ -67,19 +67,21 @@ def harder_game_writer(out_dir: str | Path, seed: int = 0, workers: int = 1) -> 
                 continue
             steps = harder_specs(spec)
             random.Random(f"{seed}:harder:{task.task_id}").shuffle(steps)
-            orders.append((task, [step for step in steps if step.name not in offered]))
+            orders.append((task, steps))
+        # The whole order first, what was offered skipped after: a resumed run's new writer then
+        # walks the same order as the uninterrupted one's.
         for turn in itertools.count():
             row = [(task, steps[turn]) for task, steps in orders if turn < len(steps)]
             if not row:
                 return
-            yield from row
+            yield from ((task, step) for task, step in row if step.name not in offered)
 
     def write(seeds: Sequence[Task], count: int) -> Iterator[Task]:
         pending = candidates(seeds)
         while batch := list(itertools.islice(pending, max(count, 1))):
-            offered.update(spec.name for _, spec in batch)
             paths, _ = generate_games([spec for _, spec in batch], out_dir, workers=workers, progress=False)
-            for (origin, _), start in zip(batch, tasks_at_start(paths)):
+            for (origin, spec), start in zip(batch, tasks_at_start(paths)):
+                offered.add(spec.name)  # when read: one made but not read is offered again
                 yield dataclasses.replace(start, task_id=origin.task_id)
 
     return write
