@@ -7,7 +7,8 @@ Runs `train_rl` in real games as the bench's real-GRPO row does (`rl.env: real`,
 `rl.real_budget`; pass `rl.epochs=10000` for "until the budget", as the bench does, or leave
 `rl.epochs` to stop earlier): in the project's training games (`<data_dir>/games/train`), or in
 those of `--tasks`. Then plays the start and the trained policy greedily once on every game of each
-`--games` folder and prints one JSON line: settings, wins per folder, the learning curve (rollout
+`--games` folder and prints one JSON line: settings, wins and the mean score per folder (a game
+RL has not yet learnt to win can still score more of its recipe), the learning curve (rollout
 success, entropy, samples per epoch). A run whose `--out` holds a finished policy is evaluated
 again, not retrained.
 """
@@ -57,7 +58,7 @@ def main() -> None:
         ).policy_dir
     seconds = time.perf_counter() - started
     history = json.loads((policy_dir / "result.json").read_text())["history"]
-    wins = {}
+    wins, scores = {}, {}
     for name, path in (("start", args.start), ("trained", policy_dir)):
         policy = load_policy(path, config.policy)
         for games in args.games:
@@ -65,11 +66,16 @@ def main() -> None:
                 policy, list_games(games), 1, config.seed, config.evaluation.max_steps, greedy=True
             ).summary
             wins[f"{name} {games.name}"] = f"{summary['wins']}/{summary['episodes']}"
+            scores[f"{name} {games.name}"] = round(summary["mean_return"], 3)
     curve = {
         key: [round(row.get(key, float("nan")), 3) for row in history]
         for key in ("success_rate", "entropy", "samples", "real_transitions")
     }
-    print(json.dumps({"settings": overrides, "wins": wins, "curve": curve, "train_seconds": round(seconds)}))
+    print(
+        json.dumps(
+            {"settings": overrides, "wins": wins, "score": scores, "curve": curve, "train_seconds": round(seconds)}
+        )
+    )
 
 
 if __name__ == "__main__":
