@@ -9,10 +9,6 @@ held-out transitions (outputs/experience/fidelity_real.parquet, made by the trai
 at each batch size, and reports transitions/s and completion tokens/s (the tokens of the final
 completions; retried attempts cost time but are not counted), medians of --repeats; and, for the
 same prompts, the rate of one greedy batched `generate` alone (no retrieval, parsing or retries).
-
-Where the time goes, per batch size: the prompt pass (prefill) per prompt, one decoding step per
-batch row (a generate forced to 66 new tokens minus one of 2), and how long the batch's longest
-completion is against the mean one (a batch decodes until its last row stops).
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import torch
 from common import machine, model_setup
 
 from dreamgym.data.schema import read_transitions
@@ -43,19 +38,13 @@ def main() -> None:
     args = parser.parse_args()
 
     setup = model_setup(args.params, args.model)
-    config, project, run_dir, model_dir, label = (
-        setup.config,
-        setup.project,
-        setup.run_dir,
-        setup.model_dir,
-        setup.model_label,
-    )
+    config, project, run_dir, model_dir = setup.config, setup.project, setup.run_dir, setup.model_dir
     rows = sorted(
         read_transitions(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet").to_pylist(),
         key=lambda row: (row["trajectory_id"], row["step"]),
     )
     report = {
-        "model": label,
+        "model": setup.model_label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -85,9 +74,7 @@ def main() -> None:
                 for start in range(0, len(prompts), batch):
                     experience.generate(prompts[start : start + batch])
                 generate_rates.append(len(prompts) / (time.perf_counter() - started))
-            split = cost_split(experience, prompts, batch, args.repeats)
             report["batches"][str(batch)] = {
-                **split,
                 "generate_only_transitions_per_s": statistics.median(generate_rates),
                 "transitions_per_s": statistics.median(rates),
                 "completion_tokens_per_s": statistics.median(token_rates),
@@ -97,54 +84,12 @@ def main() -> None:
             print(
                 f"batch {batch:3d}: {statistics.median(rates):6.2f} transitions/s (generate alone "
                 f"{statistics.median(generate_rates):6.2f}), "
-                f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}; "
-                f"prefill {split['prefill_ms_per_prompt']:.0f} ms/prompt, decode "
-                f"{split['decode_ms_per_row_step']:.2f} ms/row-step, longest/mean completion "
-                f"{split['longest_over_mean_completion']:.2f}",
+                f"{statistics.median(token_rates):6.0f} completion tokens/s, parsed {statistics.median(parsed):.0%}",
                 flush=True,
             )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
-
-
-@torch.inference_mode()
-def cost_split(experience, prompts: list[str], batch: int, repeats: int) -> dict:
-    """Prefill ms per prompt, decode ms per row and step (medians over batches and repeats), and
-    the mean over batches of longest / mean greedy completion length."""
-    tokenizer, model = experience.tokenizer, experience.model
-
-    def forced(inputs, new_tokens: int) -> float:
-        started = time.perf_counter()
-        model.generate(
-            **inputs,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            use_cache=True,
-            cache_implementation="static",
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        return time.perf_counter() - started
-
-    prefill, decode, stretch = [], [], []
-    for start in range(0, len(prompts) - batch + 1, batch):
-        inputs = experience.encode(prompts[start : start + batch])
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(**inputs)
-            prefill.append((time.perf_counter() - started) * 1000 / batch)
-            decode.append((forced(inputs, 66) - forced(inputs, 2)) * 1000 / 64 / batch)
-        lengths = [
-            len(tokenizer(text, add_special_tokens=False)["input_ids"])
-            for text in experience.generate(prompts[start : start + batch])
-        ]
-        stretch.append(max(lengths) / statistics.mean(lengths))
-    return {
-        "prefill_ms_per_prompt": statistics.median(prefill),
-        "decode_ms_per_row_step": statistics.median(decode),
-        "longest_over_mean_completion": statistics.mean(stretch),
-    }
 
 
 if __name__ == "__main__":

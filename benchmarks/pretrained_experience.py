@@ -13,11 +13,9 @@ A lent GPU machine has no Postgres, sentence encoder or TextWorld, so the work i
     python benchmarks/pretrained_experience.py run --bundle .gpu/bundle --model smollm2-135m \
         --sets shifted held-out --json out.json
 
-On the GPU machine retrieval is replayed from the recording (`ReplayedRetrieval`): the prompts are
-the ones the buffer gives (the export checks that replaying gives the live model's records), and the
-speed figures are the model's part of a step (prompt, generation, constrained decoding, parsing,
-retries), not the retrieval's, whose CPU cost the export measures per batch. A bundle's sets are
-pickled: read only bundles you made.
+On the GPU machine retrieval is replayed from the recording (`ReplayedRetrieval`; the export checks
+it gives the live records), so speed figures are the model's part of a step; the export measures
+retrieval's CPU cost. A bundle's sets are pickled: read only bundles you made.
 """
 
 from __future__ import annotations
@@ -324,9 +322,6 @@ def run(args: argparse.Namespace) -> None:
         save()
     if args.throughput_batches and time.perf_counter() < deadline:  # fidelity first: a lease is short
         report["throughput"] = throughput(*first, args.throughput_batches, args.throughput, args.repeats)
-    if args.profile and time.perf_counter() < deadline:
-        batch = args.profile_batch or max(args.throughput_batches or [32])
-        report["profile"] = profiled(*first, batch, args.throughput, args.profile)
     report["seconds"] = time.perf_counter() - started
     save()
 
@@ -362,32 +357,6 @@ def throughput(
 def _predict_all(experience: ExperienceModel, queries: list[Query], batch: int) -> None:
     for start in range(0, len(queries), batch):
         experience.predict(queries[start : start + batch])
-
-
-def profiled(experience: ExperienceModel, queries: list[Query], batch: int, transitions: int, out: Path) -> dict:
-    """cProfile of `predict` over `transitions` queries at `batch`: the functions that take the
-    most time of their own and in all, written to `out` (text) and summed up in the report."""
-    import cProfile
-    import io
-    import pstats
-
-    chosen = queries[:transitions]
-    profiler = cProfile.Profile()
-    profiler.enable()
-    _predict_all(experience, chosen, batch)
-    profiler.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(40)
-    stats.sort_stats("cumulative").print_stats(60)
-    out.write_text(text.getvalue())
-    total = max(stats.total_tt, 1e-9)
-    own = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:15]
-    return {
-        "batch": batch,
-        "seconds": total,
-        "own_time_share": {f"{path}:{line}({name})": round(value[2] / total, 3) for (path, line, name), value in own},
-    }
 
 
 def _plain(values) -> dict:
@@ -430,8 +399,6 @@ def main() -> None:
         type=int,
         help="prompts per forward pass of the drafts' check [default: generate.VERIFY_CHUNK]",
     )
-    on.add_argument("--profile", type=Path, help="also cProfile predict at the largest throughput batch, written here")
-    on.add_argument("--profile-batch", type=int, help="cProfile at this batch size instead")
     on.add_argument(
         "--deadline-seconds", type=float, default=480.0, help="no set or speed measurement is started after this"
     )

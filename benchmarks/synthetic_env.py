@@ -2,28 +2,15 @@
 
     .venv/bin/python benchmarks/synthetic_env.py [--model dreamgym-experience] [--batches 1 8 32 64]
         [--steps 4] [--repeats 3] [--json benchmarks/results/synthetic_env-<date>.json]
-        [--log benchmarks/results/synthetic_rollout-<date>.md] [--policy outputs/policy/bc-*/bc/model]
+        [--policy outputs/policy/bc-*/bc/model]
 
-For each batch size B: B DreamEnvs on seed tasks (real initial states of the training data), each
-step of all B taken with one `step_together` call (one batched generation), `--steps` steps with
-seeded random available actions (an episode the model ends starts again on its task). Reports
-synthetic transitions/s (steps the model predicted, failures included, per second of wall time),
-median of --repeats, and the parse-failure rate. In the same run, real TextWorld steps/s on the
-training games with the same kind of policy.
+For each batch size B: B DreamEnvs on seed tasks, all stepped by one `step_together` call per
+step, `--steps` seeded random available actions; synthetic transitions/s (medians of --repeats)
+and the parse-failure rate, beside real TextWorld steps/s on the training games.
 
-With `--policy`, also the RL inner loop as GRPO runs it: for each batch size B, B/4 seed tasks
-played by groups of 4 rollouts (rl.group_size) with that policy sampling at temperature 1, to
-the end of the episodes (rl.max_steps at most); synthetic transitions/s counts the DreamEnv steps
-and their time only (the policy's choices are timed apart). Rollouts of a group start from one state and often take the
-same first moves, which the experience model then predicts once. Then the same rollouts as the
-pipeline steps DreamEnv by default (rl.recall_real, dreamgym/envs/recall.py): the steps the
-training data recorded get the game's outcome without the model; reported as all DreamEnv
-steps/s, with the share recalled.
-
-`--log` writes short rollouts for reading: a real successful episode of a training game and one of
-a held-out game (outputs/experience/fidelity_real.parquet, made by the train-experience flow)
-replayed in DreamEnv from its real initial state, each step's predicted change, reward and reasoning next to
-what the real game did.
+With `--policy`, also GRPO's rollouts: B/4 seed tasks, groups of 4 rollouts sampled by that policy
+to the end (DreamEnv's time only), then the same with recorded real steps recalled as the pipeline
+does by default (rl.recall_real): all DreamEnv steps/s and the share recalled.
 """
 
 from __future__ import annotations
@@ -39,11 +26,9 @@ from pathlib import Path
 from common import machine, model_setup
 
 from dreamgym.data.games import list_games
-from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv, step_together
 from dreamgym.envs.recall import RecallingDynamics
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
-from dreamgym.experience.format import state_delta
 from dreamgym.experience.generate import open_experience_model
 from dreamgym.experience.variations import seed_tasks
 from dreamgym.state import parse_state
@@ -134,54 +119,6 @@ def real_rate(games, steps: int, seed: int, max_steps: int) -> float:
     return done / (time.perf_counter() - started)
 
 
-def rollout_log(experience, rows, max_steps: int, title: str) -> str:
-    """A real won episode replayed in DreamEnv, as Markdown."""
-    won = sorted({row["trajectory_id"] for row in rows if row["won"]})
-    episode = sorted((row for row in rows if row["trajectory_id"] == won[0]), key=lambda row: row["step"])
-    task = next(t for t in seed_tasks(rows) if t.task_id == episode[0]["task_id"])
-    env = DreamEnv(experience, max_steps=max_steps, record=False)
-    observation, _ = env.reset(task)
-    lines = [
-        f"# {title}: {task.task_id}",
-        "",
-        f"Task: {task.instruction}",
-        "",
-        "Initial state (real):",
-        "",
-        "```",
-        observation,
-        "```",
-        "",
-    ]
-    state = parse_state(observation)
-    for row in episode:
-        available = row["action"] in state.actions
-        observation, reward, terminated, truncated, info = env.step(row["action"])
-        predicted, real_next = parse_state(observation), parse_state(row["next_state"])
-        predicted_change = state_delta(state, predicted)
-        real_change = state_delta(parse_state(row["state"]), real_next)
-        if not available:
-            reasoning = "(not available in the predicted state: nothing happens, no model call)"
-        else:
-            reasoning = info["reasoning"] or f"(no parse after retries: {info['model_failure']})"
-        lines += [
-            f"## step {row['step']}: `{row['action']}`",
-            "",
-            f"- reasoning: {reasoning}",
-            "- predicted change: `" + predicted_change.replace("\n", " / ") + "`",
-            "- real change: `" + real_change.replace("\n", " / ") + "`",
-            f"- reward {reward:g} (real {row['reward']:g}), done {terminated} (real "
-            f"{row['terminated']}); change {'as' if predicted_change == real_change else 'NOT as'}"
-            f" in the game; whole state {'equal to' if predicted == real_next else 'differs from'}"
-            " the game's",
-            "",
-        ]
-        state = predicted
-        if terminated or truncated:
-            break
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="dreamgym-experience")
@@ -191,22 +128,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--real-games", type=int, default=8)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--log", type=Path)
     parser.add_argument("--policy", type=Path, help="a saved policy: also measure GRPO's grouped rollouts")
     args = parser.parse_args()
 
     setup = model_setup(args.params, args.model)
-    config, project, run_dir, model_dir, label = (
-        setup.config,
-        setup.project,
-        setup.run_dir,
-        setup.model_dir,
-        setup.model_label,
-    )
+    config, project, run_dir, model_dir = setup.config, setup.project, setup.run_dir, setup.model_dir
     rows = setup.training_rows()
     tasks = seed_tasks(rows)
     report = {
-        "model": label,
+        "model": setup.model_label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -230,61 +160,24 @@ def main() -> None:
             from dreamgym.policy.model import load_policy
 
             policy = load_policy(args.policy, config.policy)
-            report["grouped"] = {}
-            for batch in (b for b in args.batches if b >= 4):
-                runs = [
-                    grouped_rate(experience, policy, tasks, batch, config.rl.max_steps, seed)
-                    for seed in range(args.repeats)
-                ]
-                report["grouped"][batch] = {
-                    "transitions_per_s": statistics.median(run["per_s"] for run in runs),
-                    "runs": runs,
-                }
-                print(
-                    f"batch {batch:3d}, GRPO groups of 4 with the policy: "
-                    f"{report['grouped'][batch]['transitions_per_s']:.2f} synthetic transitions/s",
-                    flush=True,
-                )
-            # As the pipeline steps DreamEnv by default (rl.recall_real): recorded real steps replayed.
-            report["grouped_recalling"] = {}
+            # GRPO's rollouts, then as the pipeline steps DreamEnv by default (rl.recall_real):
+            # recorded real steps replayed, the model predicts the rest.
             recalling = RecallingDynamics(experience, rows)  # its lookup table, built once
-            for batch in (b for b in args.batches if b >= 4):
-                runs = [
-                    grouped_rate(
-                        experience,
-                        policy,
-                        tasks,
-                        batch,
-                        config.rl.max_steps,
-                        seed,
-                        dynamics=recalling,
-                    )
-                    for seed in range(args.repeats)
-                ]
-                recalled = sum(r["recalled"] for r in runs) / max(
-                    1, sum(r["recalled"] + r["transitions"] for r in runs)
-                )
-                report["grouped_recalling"][batch] = {
-                    "steps_per_s": statistics.median(run["steps_per_s"] for run in runs),
-                    "recalled_share": recalled,
-                    "runs": runs,
-                }
-                print(
-                    f"batch {batch:3d}, GRPO groups of 4, recorded real steps recalled ({recalled:.0%}): "
-                    f"{report['grouped_recalling'][batch]['steps_per_s']:.2f} DreamEnv steps/s",
-                    flush=True,
-                )
-        if args.log:
-            args.log.parent.mkdir(parents=True, exist_ok=True)
-            held_out = read_transitions(
-                project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet"
-            ).to_pylist()
-            args.log.write_text(
-                rollout_log(experience, rows, config.env.max_steps, "Training game, an episode it was trained on")
-                + "\n\n"
-                + rollout_log(experience, held_out, config.env.max_steps, "Held-out game")
-                + "\n"
-            )
+            for name, dynamics in (("grouped", None), ("grouped_recalling", recalling)):
+                report[name] = {}
+                for batch in (b for b in args.batches if b >= 4):
+                    runs = [
+                        grouped_rate(experience, policy, tasks, batch, config.rl.max_steps, seed, dynamics=dynamics)
+                        for seed in range(args.repeats)
+                    ]
+                    steps = sum(r["recalled"] + r["transitions"] for r in runs)
+                    report[name][batch] = {
+                        "transitions_per_s": statistics.median(run["per_s"] for run in runs),
+                        "steps_per_s": statistics.median(run["steps_per_s"] for run in runs),
+                        "recalled_share": sum(r["recalled"] for r in runs) / max(1, steps),
+                        "runs": runs,
+                    }
+                    print(f"batch {batch:3d}, GRPO groups of 4, {name}: {report[name][batch]}", flush=True)
     games = list_games(project / config.paths.data_dir / "games" / "train")[: args.real_games]
     real_rate(games[:1], 2, 0, config.env.max_steps)  # warm-up: TextWorld import
     real = [real_rate(games, args.steps * 4, seed, config.env.max_steps) for seed in range(args.repeats)]
@@ -294,12 +187,7 @@ def main() -> None:
     if 1 in rates:
         report["speedup_over_batch_1"] = {b: rate / rates[1] for b, rate in rates.items()}
     print(f"real TextWorld: {report['real_steps_per_s']:.1f} steps/s")
-    print(
-        json.dumps(
-            {k: v for k, v in report.items() if k not in ("synthetic", "grouped", "grouped_recalling", "real_runs")},
-            indent=2,
-        )
-    )
+    print(json.dumps({k: v for k, v in report.items() if k in ("model", "machine", "speedup_over_batch_1")}))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -24,7 +24,7 @@ left as written (`obj3 (in fridge)`) it is a thing no task asks for: in DreamEnv
 finds the recipe's ingredients, and a dreamt episode the game would call won is lost (of the 29
 training games the BC policy won, the dream, replaying its very actions, called 6 won; in 23 the
 actions stopped matching a dreamt state that held `obj3` where the game held the ingredient;
-`benchmarks/dream_replay.py`, 2026-11-25). So such placeholders take, lowest number first, the
+results log, 2026-11-25). So such placeholders take, lowest number first, the
 names of the objects the task asks for that the episode has not shown yet (`imagined`); any
 more are left as written.
 """

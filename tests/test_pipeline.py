@@ -12,6 +12,7 @@ import mlflow
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from test_benchmarks import smoke_project_benchmarks
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,6 +184,10 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     assert third.policy.model == "models:/dreamgym-policy/3"  # BC is the same: registered once
     assert third.experience.model == first.experience.model
     assert "challenger" in client.get_model_version("dreamgym-policy", "3").aliases
+
+    # The benchmarks that read a finished project run on this one (benchmarks/ is a suite).
+    [bc_policy] = (project / "outputs" / "policy").glob("bc-*/bc/model")
+    smoke_project_benchmarks(project, OVERRIDES, bc_policy, project / "outputs" / "bench-smoke")
 
 
 def test_prefect_yaml_parameters_are_the_pipeline_flow_s():

@@ -299,7 +299,7 @@ def held_out_collection(games_dir: str | Path, config: PipelineConfig) -> tuple[
     """The games and settings of `collect_held_out`."""
     games = list_games(games_dir)[: config.experience.eval_games or None]
     # The behaviour policy's episodes only: the fidelity figures stay comparable with earlier ones
-    # (benchmarks/dream_replay.py measures the dream on a policy's own episodes).
+    # (the dream on a policy's own episodes: results log, 2026-11-25).
     settings = dataclasses.replace(
         CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1, mistake_episodes=0
     )

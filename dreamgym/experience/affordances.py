@@ -34,8 +34,7 @@ it makes here (`adapted_change`): without its `actions` line and with the action
 state it gives, and with each object it moves or changes keeping the query's object's own states
 (`with_own_states`: the example's sliced-and-fried pepper taken from the stove does not make the
 query's roasted one fried). A reference to it then means that, in training and in prediction alike.
-Measured with `benchmarks/affordances.py` and `benchmarks/experience_failures.py` (figures in
-benchmarks/results/README.md, 2026-11-28 and 2026-11-29).
+Measured in benchmarks/results/README.md, 2026-11-28 and 2026-11-29.
 """
 
 from __future__ import annotations

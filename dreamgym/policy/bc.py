@@ -25,7 +25,7 @@ does not change how the carrot is cut. Why: a policy can fit its training games 
 recipe, and one that reads it can still take the wrong ingredient's clause. The 12-epoch BC of
 2026-11-26 (without them) won 92.5% of its training games, yet on those games, with one recipe verb
 changed at the step that carries it out, it followed the new verb at 42 of 58 cooking steps and 55
-of 116 cutting ones (benchmarks/recipe_reading.py): it recalled each game.
+of 116 cutting ones (results log, 2026-11-26): it recalled each game.
 
 Untied embeddings (the from-scratch policy reads tokens with one matrix and scores them with
 another). Counterfactual tasks show one state with `slice`, `chop` and `dice` as labels in turn; a
@@ -43,7 +43,7 @@ The objective is the acting rule (`policy.mode`):
   loss on the label's text (what TRL's SFT trains) does not: it spends its capacity on the
   predictable tail of each action ("... with knife"), and the mean token log-likelihood that
   acting reads then ranks a wrong verb on the right object close to the right one (measured in
-  benchmarks/bc_imitation.py). This loop is written here because TRL has no objective over a
+  the results log, 2026-11-24). This loop is written here because TRL has no objective over a
   set of candidate completions.
 - `generate`: the policy samples free text, so BC is TRL's SFT on prompt/completion (the
   likelihood that generation samples from), through the experience model's trainer.
