@@ -174,6 +174,23 @@ def bench(
 
 
 @app.command()
+def results(
+    readme: Annotated[Path, typer.Option(help="The README whose generated results table to refresh.")] = Path(
+        "README.md"
+    ),
+    check: Annotated[bool, typer.Option(help="Write nothing; exit 1 if the table is out of date.")] = False,
+) -> None:
+    """Regenerate the README's results table from the bench files it names (dreamgym/results.py)."""
+    from dreamgym.results import refresh_readme
+
+    changed = refresh_readme(readme, check=check)
+    state = ("out of date" if check else "regenerated") if changed else "up to date"
+    console.print(f"{readme}: results table {state}", markup=False)
+    if check and changed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def games(
     split: Annotated[str, typer.Option(help="train, valid or test (tw-cooking's food splits).")] = "train",
     count: Annotated[

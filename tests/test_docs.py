@@ -80,7 +80,7 @@ def test_every_file_the_architecture_names_exists():
 
 def test_the_readme_is_a_guide_and_its_links_resolve():
     readme = (REPO / "README.md").read_text()
-    assert len(readme.splitlines()) <= 250
+    assert len(readme.splitlines()) <= 200
     assert not re.search(r"\bOn 20\d\d-\d\d-\d\d\b", readme)  # dated diary paragraphs live in benchmarks/results
     links = re.findall(r"\]\(([^)#]+)\)", readme)
     assert [link for link in links if not link.startswith("http") and not (REPO / link).exists()] == []
@@ -94,3 +94,13 @@ def test_the_cli_starts_flows_that_exist():
         module, function = entrypoint.split(":")
         source = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
         assert function in {node.name for node in source.body if isinstance(node, ast.FunctionDef)}, entrypoint
+
+
+def test_the_readme_s_tables_read_at_a_glance_and_its_results_are_generated():
+    from dreamgym.results import refresh_readme
+
+    readme = (REPO / "README.md").read_text()
+    cells = [cell for line in readme.splitlines() if line.startswith("|") for cell in line.strip("|").split("|")]
+    assert cells and max(len(cell.split()) for cell in cells) <= 30
+    # The results table is what `dreamgym results` makes of the bench files it names.
+    assert not refresh_readme(REPO / "README.md", check=True), "stale results table: run `dreamgym results`"
