@@ -104,3 +104,24 @@ def test_the_readme_s_tables_read_at_a_glance_and_its_results_are_generated():
     assert cells and max(len(cell.split()) for cell in cells) <= 30
     # The results table is what `dreamgym results` makes of the bench files it names.
     assert not refresh_readme(REPO / "README.md", check=True), "stale results table: run `dreamgym results`"
+
+
+@pytest.mark.parametrize(("row", "module", "protocol"), [
+    ("environment", "dreamgym.envs.base", "Env"),
+    ("dynamics", "dreamgym.envs.dynamics", "Dynamics"),
+])  # fmt: skip
+def test_the_architecture_names_each_protocol_s_methods(row, module, protocol):
+    """The contracts table names exactly the methods of each protocol the code defines."""
+    import importlib
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    [line] = [line for line in text.splitlines() if line.startswith(f"| {row} |")]
+    assert f"`{protocol}`" in line
+    named = set(re.findall(r"`(\w+)\(", line))
+    cls = getattr(importlib.import_module(module), protocol)
+    methods = {
+        name
+        for name, value in vars(cls).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    }
+    assert named == methods
