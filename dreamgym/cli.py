@@ -101,8 +101,8 @@ def lineage(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The chain behind a model version: its run, the experience model, the data, the config."""
-    from rich.tree import Tree
-
+    from dreamgym.lineage import as_json as chain_json
+    from dreamgym.lineage import as_tree
     from dreamgym.lineage import lineage as walk
     from dreamgym.tracking import configure_services
 
@@ -110,15 +110,9 @@ def lineage(
     configure_services(params.resolve().parent / config.paths.run_dir)
     links = walk(model)
     if as_json:
-        print(json.dumps([{"kind": link.kind, "label": link.label, **link.facts} for link in links], indent=2))
+        print(chain_json(links))
         return
-    root = node = Tree(f"{links[0].kind}: {links[0].label}")
-    for index, link in enumerate(links):
-        if index:
-            node = node.add(f"{link.kind}: {link.label}")
-        for key, value in link.facts.items():
-            node.add(f"{key}: {value}")
-    Console(soft_wrap=True).print(root)
+    Console(soft_wrap=True).print(as_tree(links))
 
 
 @app.command()
@@ -341,23 +335,16 @@ def buffer_query(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The transitions most similar to (task, state, action)."""
-    from sqlalchemy import text
-
-    from dreamgym.buffer.embeddings import Encoder, transition_text
-    from dreamgym.buffer.retrieval import Filters, search
+    from dreamgym.buffer.retrieval import nearest_transitions
 
     config = _config(params, {"buffer.ef_search": ef_search})
     if source not in (None, "real", "synthetic"):
         raise DreamgymError(f"--source must be real or synthetic, got {source!r}")
     with _open_buffer(params, config) as database:
-        with database.engine.connect() as connection:
-            instruction = connection.execute(
-                text("SELECT instruction FROM tasks WHERE task_id = :t"), {"t": task}
-            ).scalar()
-        filters = Filters(env=env, source=source, exclude_task_id=task if exclude_task and instruction else None)
-        vector = Encoder(config.buffer.encoder).encode([transition_text(instruction or task, state, action)])
-        [neighbours] = search(database, vector, k, filters, config.buffer.ef_search)
-    hits = [{"similarity": round(n.similarity, 6), **n.transition} for n in neighbours]
+        buffer = config.buffer
+        hits = nearest_transitions(
+            database, buffer.encoder, task, state, action, k, buffer.ef_search, env, source, exclude_task
+        )
     if as_json:
         print(json.dumps(hits, indent=2))
         return
@@ -428,52 +415,11 @@ def experience_eval(
 ) -> None:
     """Fidelity of an experience model against the real game, on real transitions it never saw,
     in all and per game setting."""
-
-    from dreamgym.data.collect import collect_held_out
-    from dreamgym.data.games import game_setting
-    from dreamgym.data.schema import read_transitions
-    from dreamgym.experience.fidelity import evaluate, setting_table
-    from dreamgym.experience.generate import open_experience_model
-    from dreamgym.experience.report import log_fidelity
-    from dreamgym.registry import resolve_model
-    from dreamgym.tracking import configure_services, stage_run
+    from dreamgym.evaluation import evaluate_experience_model
 
     config = _config(params, {"experience.eval_games": eval_games})
-    project = params.resolve().parent
-    run_dir = project / config.paths.run_dir
-    if not games.is_dir():
-        raise DreamgymError(f"--games {games}: no such folder; make held-out games with `dreamgym games --split test`")
-    configure_services(run_dir)
-    model_dir, label = resolve_model(model, run_dir / "models")
-    real = collect_held_out(
-        games, project / config.paths.outputs_dir / "experience" / f"eval-{games.resolve().name}.parquet", config
-    )
-    tags = {"dreamgym.model": label, "dreamgym.eval_games": str(games.resolve()), "dreamgym.no_model": str(no_model)}
-    with stage_run("experience-eval", config, project, tags=tags):
-        with open_experience_model(model_dir, run_dir, config, copy_neighbours=no_model) as experience:
-            report = evaluate(
-                experience,
-                read_transitions(real).to_pylist(),
-                config.experience.multi_step,
-                progress=True,
-                setting_of=game_setting,
-            )
-        summary = log_fidelity(report)
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps({"model": label, "no_model": no_model, **summary}, indent=2))
-    console.print(
-        f"next-state exact match {summary['next_state_exact_match']:.1%}, reward accuracy "
-        f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
-        f"parse failures {summary['parse_failure_rate']:.1%} on {summary['transitions']} "
-        f"transitions → {json_out}"
-    )
-    foreseen = summary["foreseeable"]
-    console.print(
-        f"on the {foreseen['transitions']} foreseeable ones (next state names only what the "
-        f"prompt shows): exact match {foreseen['next_state_exact_match']:.1%}, reward "
-        f"{foreseen['reward_accuracy']:.1%}, done {foreseen['done_accuracy']:.1%}"
-    )
-    console.print(setting_table(summary["by_setting"]))
+    result = evaluate_experience_model(model, games, json_out, config, params.resolve().parent, no_model)
+    console.print(result.describe())
 
 
 @experience_app.command("ablate")
@@ -528,19 +474,7 @@ def policy_eval(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Success rate of a policy in the real game on held-out games, with its 95% interval."""
-
-    from dreamgym.envs.textworld_env import load_task
-    from dreamgym.evaluation import (
-        episodes_path,
-        evaluate_policy,
-        held_out_games,
-        log_evaluation,
-        write_episodes,
-        write_json,
-    )
-    from dreamgym.policy.model import load_policy
-    from dreamgym.registry import resolve_model
-    from dreamgym.tracking import configure_services, stage_run
+    from dreamgym.evaluation import evaluate_reference
 
     config = _config(
         params,
@@ -551,61 +485,8 @@ def policy_eval(
             "evaluation.greedy": None if sample is None else not sample,
         },
     )
-    settings = config.evaluation
-    project = params.resolve().parent
-    run_dir = project / config.paths.run_dir
-    game_files = held_out_games(config, games)
-    if not policy.startswith("models:/") and "/" in policy and not Path(policy).is_dir():  # a path, not a name
-        raise DreamgymError(
-            f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
-            "give a registered one, e.g. models:/dreamgym-policy@champion"
-        )
-    for game in game_files:  # a damaged game is reported before a run is opened, not as a FAILED run
-        load_task(game)
-    configure_services(run_dir)
-    policy_dir, label = resolve_model(policy, run_dir / "models")
-    agent = load_policy(policy_dir, config.policy)
-    tags = {"dreamgym.policy": label, "dreamgym.eval_games": str(games.resolve())}
-    eval_params = {
-        "games": len(game_files),
-        "episodes_per_game": settings.episodes_per_game,
-        "seed": config.seed,
-        "max_steps": settings.max_steps,
-        "greedy": settings.greedy,
-    }
-    with stage_run("policy-eval", config, project, tags=tags, params=eval_params):
-        report = evaluate_policy(
-            agent,
-            game_files,
-            settings.episodes_per_game,
-            config.seed,
-            settings.max_steps,
-            greedy=settings.greedy,
-            progress=True,
-        )
-        write_json(
-            {
-                "policy": label,
-                "games": len(game_files),
-                "seed": config.seed,
-                "episodes_per_game": settings.episodes_per_game,
-                "max_steps": settings.max_steps,
-                "greedy": settings.greedy,
-                **report.summary,
-            },
-            json_out,
-        )
-        write_episodes(report.records, episodes_path(json_out))
-        log_evaluation(report, json_out)
-    summary = report.summary
-    lo, hi = summary["ci95"]
-    console.print(
-        f"{label}: success {summary['success_rate']:.1%} (95% CI {lo:.1%}-{hi:.1%}) over "
-        f"{summary['episodes']} episodes on {len(game_files)} games, mean return "
-        f"{summary['mean_return']:.2f}, mean steps {summary['mean_steps']:.1f}, "
-        f"{summary['real_transitions']} real transitions → {json_out}",
-        markup=False,
-    )
+    result = evaluate_reference(policy, games, json_out, config, params.resolve().parent)
+    console.print(result.describe(), markup=False)
 
 
 @app.command()
@@ -620,25 +501,13 @@ def promote(
 ) -> None:
     """Make a policy version champion if it beats the champion (or BC) on the held-out games by
     more than promotion.margin, significantly (promotion.alpha); record the decision on it."""
-    from dreamgym.promotion import (
-        CHALLENGER_ALIAS,
-        POLICY_MODEL_NAME,
-        alias_version,
-        describe,
-        gate,
-        held_out_evaluator,
-    )
+    from dreamgym.promotion import describe, promote_version
     from dreamgym.tracking import configure_services
 
     config = _config(params)
     project = params.resolve().parent
     configure_services(project / config.paths.run_dir)
-    version = version or alias_version(POLICY_MODEL_NAME, CHALLENGER_ALIAS)
-    if version is None:
-        raise DreamgymError("no challenger; run the pipeline (dreamgym run) first")
-    decision = gate(
-        POLICY_MODEL_NAME, version, config.promotion, evaluate=held_out_evaluator(config, project), dry_run=dry_run
-    )
+    decision = promote_version(config, project, version, dry_run)
     console.print(describe(decision, dry_run), markup=False)
 
 
@@ -654,40 +523,13 @@ def serve(
     """Serve a deployment of prefect.yaml from this machine, on its schedule and with its
     parameters (no work pool or worker). Uses the Prefect server PREFECT_API_URL names, else starts
     one here (the temporary one has no scheduler) with its UI at http://127.0.0.1:PORT."""
-    import contextlib
-
-    from dreamgym.schedule import load_deployment, local_prefect_server
+    from dreamgym.schedule import serve_deployment
     from dreamgym.tracking import configure_services
 
     config = _config(params)
     project = params.resolve().parent
     services = configure_services(project / config.paths.run_dir)
-    spec = load_deployment(project, name)
-    served_params = spec.parameters.get("params")
-    if served_params is not None and (project / str(served_params)).resolve() != params.resolve():
-        raise DreamgymError(
-            f"--params {params}: deployment {spec.name!r} runs with params="
-            f"{served_params!r} (prefect.yaml); serve that file, or change the "
-            "deployment's parameters in prefect.yaml"
-        )
-    from prefect.settings import PREFECT_API_URL, temporary_settings  # after configure_services
-
-    from dreamgym.schedule import deployment_options, load_flow
-
-    with contextlib.ExitStack() as stack:
-        if not PREFECT_API_URL.value():
-            console.print(f"starting a local Prefect server (UI http://127.0.0.1:{port}) ...")
-            url = stack.enter_context(local_prefect_server(services["PREFECT_HOME"], port))
-            stack.enter_context(temporary_settings({PREFECT_API_URL: url}))
-        os.chdir(project)  # every run resolves the entrypoint and the relative params path here
-        pipeline_flow = load_flow(spec, project)
-        print(
-            f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
-            f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
-            f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
-            flush=True,
-        )
-        pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
+    serve_deployment(project, params, name, port, services["PREFECT_HOME"], console.print)
 
 
 @app.command()
@@ -698,24 +540,9 @@ def deploy(
     """Register a deployment of prefect.yaml on the Prefect server PREFECT_API_URL names (what
     `prefect deploy --name NAME` does; that command fails in Prefect 3.8.8 here). The work pool's
     worker then runs it on its schedule, or now with `prefect deployment run`."""
-    from dreamgym.schedule import load_deployment
+    from dreamgym.schedule import deploy as register
 
-    if not os.environ.get("PREFECT_API_URL"):
-        raise DreamgymError(
-            "PREFECT_API_URL is not set: a deployment is registered on a shared Prefect server "
-            "(`dreamgym stack up` starts one and writes its URL to client.env); to run on a schedule "
-            "without one, use `dreamgym serve`"
-        )
-    project = params.resolve().parent
-    spec = load_deployment(project, name)
-    from dreamgym.schedule import register_deployment
-
-    full_name = register_deployment(spec, project)
-    console.print(
-        f"deployment {full_name} on {os.environ['PREFECT_API_URL']}: cron '{spec.cron}' ({spec.timezone}), "
-        f"work pool {spec.work_pool}; run it now with `prefect deployment run '{full_name}'`",
-        markup=False,
-    )
+    console.print(register(params.resolve().parent, name), markup=False)
 
 
 stack_app = typer.Typer(
