@@ -7,7 +7,6 @@ exits 1.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -18,7 +17,12 @@ from rich.console import Console
 from rich.table import Table
 from typer._click.exceptions import UsageError  # typer 0.29 vendors click and does not re-export it
 
-from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, PipelineConfig, load_config
+from dreamgym.commands import data
+from dreamgym.commands.buffer import buffer_app
+from dreamgym.commands.common import ParamsOption, console
+from dreamgym.commands.common import load as _config
+from dreamgym.commands.stack import stack_app
+from dreamgym.config import MAX_SEED
 from dreamgym.errors import DreamgymError
 
 # Help texts are plain text: with rich markup on, their "[default: key]" notes were eaten as tags.
@@ -29,11 +33,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="DreamGym: RL for LLM agents in a learned experience model.",
 )
-console = Console(stderr=True, soft_wrap=True)
-
-ParamsOption = Annotated[
-    Path, typer.Option("--params", help="Parameter file (the pipeline's one source of parameters).")
-]
 
 
 # The flows the CLI starts, named by entrypoint as a deployment names them: the library never imports
@@ -49,10 +48,6 @@ def _start_flow(entrypoint: str, *args: Any, **kwargs: Any) -> Any:
     from prefect.flows import load_flow_from_entrypoint
 
     return load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)(*args, **kwargs)
-
-
-def _config(params: Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    return load_config(params, {k: v for k, v in (overrides or {}).items() if v is not None})
 
 
 @app.command()
@@ -167,222 +162,11 @@ def bench(
     Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)
 
 
-@app.command()
-def games(
-    split: Annotated[str, typer.Option(help="train, valid or test (tw-cooking's food splits).")] = "train",
-    count: Annotated[
-        int | None,
-        typer.Option(
-            min=0,
-            max=GAME_SEED_STRIDE,
-            help="Games to make [default: games.train_count, or games.test_count for held-out splits].",
-        ),
-    ] = None,
-    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Base seed [default: params seed].")] = None,
-    out: Annotated[Path | None, typer.Option(help="Output folder [default: <data_dir>/games/<split>].")] = None,
-    workers: Annotated[int | None, typer.Option(min=1, help="Parallel tw-make processes.")] = None,
-    recipe: Annotated[
-        list[int] | None, typer.Option(help="Ingredients per recipe, repeatable [default: games.recipe].")
-    ] = None,
-    take: Annotated[
-        list[int] | None, typer.Option(help="Ingredients to find, repeatable [default: games.take].")
-    ] = None,
-    go: Annotated[list[int] | None, typer.Option(help="Rooms (1, 6, 9 or 12), repeatable [default: games.go].")] = None,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """Generate TextWorld cooking games (skips those that exist). Settings other than the training
-    data's make a shifted set: `--split test --recipe 3 --go 9 --out data/games/shifted`."""
-    from dreamgym.data.games import check_split, generate_games, plan_games
-
-    check_split(split)
-    settings = {"games.recipe": recipe, "games.take": take, "games.go": go}
-    config = _config(params, {"games.workers": workers, "seed": seed} | {k: v for k, v in settings.items() if v})
-    if count is None:  # held-out splits (valid, test) share test_count
-        count = config.games.train_count if split == "train" else config.games.test_count
-    seed = config.seed
-    out = out or params.resolve().parent / config.paths.data_dir / "games" / split
-    paths, made = generate_games(plan_games(config.games, split, count, seed), out, workers=config.games.workers)
-    console.print(f"{len(paths)} {split} games in {out}: {made} made, {len(paths) - made} already there")
-
-
-@app.command()
-def collect(
-    games: Annotated[Path, typer.Option("--games", help="Folder of .z8 games.")],
-    out: Annotated[Path, typer.Option(help="Output Parquet file.")],
-    episodes_per_game: Annotated[int | None, typer.Option(min=1, help="Episodes per game.")] = None,
-    policy: Annotated[str | None, typer.Option(help="expert, noisy-expert or random.")] = None,
-    epsilon: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Random-action rate of noisy-expert.")] = None,
-    seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Seed [default: params seed].")] = None,
-    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode.")] = None,
-    workers: Annotated[int | None, typer.Option(min=1, help="Parallel processes.")] = None,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """Play episodes on every game of a folder and write transitions to Parquet."""
-    from dreamgym.data.collect import CollectionSettings
-    from dreamgym.data.collect import collect as collect_games
-    from dreamgym.data.games import list_games
-
-    config = _config(
-        params,
-        {
-            "collect.episodes_per_game": episodes_per_game,
-            "collect.policy": policy,
-            "collect.epsilon": epsilon,
-            "collect.workers": workers,
-            "env.max_steps": max_steps,
-            "seed": seed,
-        },
-    )
-    settings = CollectionSettings.from_config(config)
-    result = collect_games(list_games(games), out, settings, workers=config.collect.workers)
-    verb = "reused" if result.reused else f"collected in {result.seconds:.1f}s:"
-    console.print(
-        f"{out}: {verb} {result.transitions} transitions, {result.trajectories} "
-        f"trajectories, success rate {result.success_rate:.1%}"
-    )
-
-
-@app.command()
-def validate(
-    file: Annotated[Path, typer.Argument(help="Transitions Parquet file.")],
-    quarantine: Annotated[Path | None, typer.Option(help="Where to write quarantined rows with their reasons.")] = None,
-    max_bad_fraction: Annotated[
-        float | None, typer.Option(min=0.0, max=1.0, help="Largest quarantined fraction that passes.")
-    ] = None,
-    report: Annotated[Path | None, typer.Option(help="Great Expectations result (JSON).")] = None,
-    clean: Annotated[Path | None, typer.Option(help="Where to write the rows that passed.")] = None,
-    metrics: Annotated[Path | None, typer.Option(help="Summary figures (JSON), e.g. for DVC.")] = None,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """Check transitions with Great Expectations; quarantine bad rows (and their trajectories)."""
-    from dreamgym.data.validation import validate_transitions
-
-    config = _config(params, {"validation.max_bad_fraction": max_bad_fraction})
-    result = validate_transitions(
-        file, config.validation, quarantine_path=quarantine, report_path=report, clean_path=clean, metrics_path=metrics
-    )
-    console.print(result.summary(), markup=False)
-    if not result.passed:
-        raise typer.Exit(1)
-
-
-@app.command("check-env")
-def check_env_command(
-    games: Annotated[Path, typer.Option("--games", help="Folder of .z8 games.")],
-    max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode.")] = None,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """Run the environment conformance check on the TextWorld adapter over a folder of games."""
-    from dreamgym.data.games import list_games
-    from dreamgym.envs.checker import check_env
-    from dreamgym.envs.textworld_env import TextWorldEnv, load_task
-
-    config = _config(params, {"env.max_steps": max_steps})
-    tasks = [load_task(game) for game in list_games(games)]
-    check_env(lambda: TextWorldEnv(max_steps=config.env.max_steps), tasks)
-    console.print(f"check_env passed on {len(tasks)} games")
-
-
-buffer_app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="The experience replay buffer (Postgres + pgvector; DATABASE_URL or embedded).",
-)
+app.command()(data.games)
+app.command()(data.collect)
+app.command()(data.validate)
+app.command("check-env")(data.check_env_command)
 app.add_typer(buffer_app, name="buffer")
-
-
-def _open_buffer(params: Path, config: PipelineConfig):
-    from dreamgym.buffer.migrations import open_migrated
-
-    run_dir = params.resolve().parent / config.paths.run_dir
-    return open_migrated(run_dir, config.buffer)
-
-
-@buffer_app.command("ingest")
-def buffer_ingest(
-    file: Annotated[Path, typer.Argument(help="Transitions Parquet file (validated).")],
-    data_version: Annotated[str | None, typer.Option(help="Dataset version to record (DVC md5).")] = None,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """Upsert transitions (embedding only those not stored yet); prints {"inserted", "skipped"}."""
-    from dreamgym.buffer.store import ingest_file
-    from dreamgym.data.schema import read_transitions
-
-    config = _config(params)
-    read_transitions(file)  # a bad file is reported before any server starts
-    with _open_buffer(params, config) as database:
-        result = ingest_file(
-            database,
-            file,
-            config.buffer,
-            data_version,
-            reward_range=(config.validation.reward_min, config.validation.reward_max),
-        )
-    print(json.dumps({"inserted": result.inserted, "skipped": result.skipped}))
-
-
-@buffer_app.command("query")
-def buffer_query(
-    task: Annotated[str, typer.Option(help="A task id in the buffer, or a task instruction.")],
-    state: Annotated[str, typer.Option(help="The abstract state text.")],
-    action: Annotated[str, typer.Option(help="The action.")],
-    k: Annotated[int, typer.Option("-k", "--k", min=1, max=1000, help="Neighbours to return.")] = 4,
-    env: Annotated[str | None, typer.Option(help="Only this environment.")] = None,
-    source: Annotated[str | None, typer.Option(help="Only real or synthetic transitions.")] = None,
-    exclude_task: Annotated[bool, typer.Option(help="Leave out the query's own task.")] = False,
-    ef_search: Annotated[int | None, typer.Option(min=1, help="HNSW ef_search [default: buffer.ef_search].")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """The transitions most similar to (task, state, action)."""
-    from dreamgym.buffer.retrieval import nearest_transitions
-
-    config = _config(params, {"buffer.ef_search": ef_search})
-    if source not in (None, "real", "synthetic"):
-        raise DreamgymError(f"--source must be real or synthetic, got {source!r}")
-    with _open_buffer(params, config) as database:
-        buffer = config.buffer
-        hits = nearest_transitions(
-            database, buffer.encoder, task, state, action, k, buffer.ef_search, env, source, exclude_task
-        )
-    if as_json:
-        print(json.dumps(hits, indent=2))
-        return
-    table = Table("similarity", "task", "step", "action", "reward", "done")
-    for hit in hits:
-        table.add_row(
-            f"{hit['similarity']:.3f}",
-            hit["task_id"],
-            str(hit["step"]),
-            hit["action"],
-            f"{hit['reward']:g}",
-            str(hit["terminated"] or hit["truncated"]),
-        )
-    Console().print(table)
-
-
-@buffer_app.command("stats")
-def buffer_stats_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    params: ParamsOption = Path("params.yaml"),
-) -> None:
-    """Counts by source and environment, index present, rows without embedding."""
-    from dreamgym.buffer.stats import buffer_stats
-
-    config = _config(params)
-    with _open_buffer(params, config) as database:
-        stats = buffer_stats(database)
-    if as_json:
-        print(json.dumps(stats, indent=2))
-        return
-    table = Table(title="buffer", show_header=False)
-    table.add_row("database", stats["database"])
-    for key in ("transitions", "trajectories", "tasks", "without_embedding", "hnsw_index"):
-        table.add_row(key, str(stats[key]))
-    for group in stats["by_source_env"]:
-        table.add_row(f"{group['source']} / {group['env']}", str(group["transitions"]))
-    Console().print(table)
-
 
 experience_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="The experience model (a learned environment)."
@@ -545,86 +329,7 @@ def deploy(
     console.print(register(params.resolve().parent, name), markup=False)
 
 
-stack_app = typer.Typer(
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    help="The team stack as local processes: Postgres + pgvector, MLflow server, Prefect server and worker, "
-    "optionally a Ray head (infra/README.md).",
-)
 app.add_typer(stack_app, name="stack")
-
-EnvFileOption = Annotated[
-    Path,
-    typer.Option("--env-file", help="Ports and passwords (copy infra/.env.example; never commit it)."),
-]
-StackDirOption = Annotated[Path, typer.Option("--dir", help="The stack's folder: data, logs, client.env, pids.")]
-
-
-def _stack(env_file: Path, stack_dir: Path, project: Path = Path("."), ray: bool = False, ray_cpus: int | None = None):
-    from dreamgym.stack.processes import Stack, recorded_services
-    from dreamgym.stack.services import RAY
-    from dreamgym.stack.settings import load_settings
-
-    with_ray = ray or RAY in recorded_services(stack_dir)
-    return Stack(stack_dir, load_settings(env_file), project, with_ray=with_ray, ray_cpus=ray_cpus)
-
-
-@stack_app.command("up")
-def stack_up(
-    env_file: EnvFileOption = Path("infra/.env"),
-    stack_dir: StackDirOption = Path(".dreamgym/stack"),
-    project: Annotated[Path, typer.Option("--project", help="The checkout the worker runs deployments from.")] = Path(
-        "."
-    ),
-    ray: Annotated[bool, typer.Option("--ray/--no-ray", help="Also start a Ray head.")] = False,
-    ray_cpus: Annotated[
-        int | None, typer.Option(min=1, max=4096, help="CPUs the Ray head offers [default: all].")
-    ] = None,
-) -> None:
-    """Start the services that are not running (each waits for its health check) and write the
-    pipeline's environment to DIR/client.env."""
-    stack = _stack(env_file, stack_dir, project, ray, ray_cpus)
-    env_file_out = stack.up(progress=lambda line: console.print(line, markup=False))
-    console.print(f"the stack is up; point the pipeline at it with:  set -a; . {env_file_out}; set +a", markup=False)
-
-
-@stack_app.command("down")
-def stack_down(
-    env_file: EnvFileOption = Path("infra/.env"), stack_dir: StackDirOption = Path(".dreamgym/stack")
-) -> None:
-    """Stop the stack's services (its data stays in DIR)."""
-    _stack(env_file, stack_dir).down(progress=lambda line: console.print(line, markup=False))
-
-
-@stack_app.command("status")
-def stack_status(
-    env_file: EnvFileOption = Path("infra/.env"), stack_dir: StackDirOption = Path(".dreamgym/stack")
-) -> None:
-    """Each service: its process, whether its health check answers, its log. Exit 1 if one is down."""
-    stack = _stack(env_file, stack_dir)
-    table = Table("service", "pid", "healthy", "log")
-    statuses = stack.status()
-    for status in statuses:
-        table.add_row(
-            status.name, str(status.pid or "-"), "yes" if status.healthy else "NO", str(stack.log_path(status.name))
-        )
-    Console(soft_wrap=True).print(table)
-    if not all(status.healthy for status in statuses):
-        raise typer.Exit(1)
-
-
-@stack_app.command("restart")
-def stack_restart(
-    service: Annotated[str, typer.Argument(help="postgres, mlflow, prefect-server, prefect-worker or ray.")],
-    env_file: EnvFileOption = Path("infra/.env"),
-    stack_dir: StackDirOption = Path(".dreamgym/stack"),
-) -> None:
-    """Stop one service and start it again (a running pipeline's retries ride it out)."""
-    stack = _stack(env_file, stack_dir)
-    if service not in stack.services:
-        raise DreamgymError(f"no service {service!r} in this stack; use one of {', '.join(stack.services)}")
-    stack.restart(service)
-    console.print(f"{service}: restarted", markup=False)
 
 
 def main() -> None:
