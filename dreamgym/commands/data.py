@@ -76,7 +76,7 @@ def collect(
             "seed": seed,
         },
     )
-    settings = CollectionSettings.fromload(config)
+    settings = CollectionSettings.from_config(config)
     result = collect_games(list_games(games), out, settings, workers=config.collect.workers)
     verb = "reused" if result.reused else f"collected in {result.seconds:.1f}s:"
     console.print(
