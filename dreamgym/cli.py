@@ -7,7 +7,6 @@ exits 1.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,7 +64,7 @@ def run(
     """The main job: the whole pipeline on the configured (by default embedded) services."""
     config = _config(params)  # a bad parameter file is reported before any service starts
     from dreamgym.preflight import check_servers
-    from dreamgym.tracking import configure_services
+    from dreamgym.tracking import configure_services, ui_addresses
 
     services = configure_services(params.resolve().parent / config.paths.run_dir)
     check_servers()  # a shared server that is down: one error now, not a traceback minutes in
@@ -75,12 +74,7 @@ def run(
         table.add_row(label, value)
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)  # a log file gets whole rows
     out.print(table)
-    # A shared server shows its UI at its own address; the embedded stores need a UI started.
-    tracking, prefect_api = services["MLFLOW_TRACKING_URI"], os.environ.get("PREFECT_API_URL")
-    mlflow_ui = tracking if tracking.startswith("http") else f"mlflow ui --backend-store-uri {tracking}"
-    prefect_ui = prefect_api.removesuffix("/api") if prefect_api else None
-    prefect_ui = prefect_ui or f"PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
-    out.print(f"MLflow UI:  {mlflow_ui}\nPrefect UI: {prefect_ui}")
+    out.print(ui_addresses(services))
 
 
 @app.command()
