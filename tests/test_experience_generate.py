@@ -201,7 +201,8 @@ def test_measure_fidelity_is_the_report_the_pipeline_and_the_cli_log(
     real = write_transitions(to_table(first_episode), tmp_path / "real.parquet")
     config = PipelineConfig(experience=TINY)
     setting_of = lambda task_id: "this game"  # noqa: E731
-    with mlflow.start_run() as run:
+    experiment = mlflow.create_experiment("fidelity", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment) as run:  # artifacts under tmp_path, not ./mlruns
         summary = measure_fidelity(tiny_experience.model_dir, real, tmp_path, config, setting_of=setting_of)
     with open_experience_model(tiny_experience.model_dir, tmp_path, config) as experience:
         expected = evaluate(experience, first_episode, TINY.multi_step, setting_of=setting_of).summary
