@@ -24,7 +24,11 @@ and one record per episode (`EvaluationReport.records`): game, task_id, episode,
 truncated, return, steps, and the actions taken joined by " | ".
 
 Launch: `dreamgym eval --policy models:/dreamgym-policy@champion --games data/games/test
---json outputs/eval/policy.json` (see `dreamgym eval --help`).
+--json outputs/eval/policy.json` (see `dreamgym eval --help`; `evaluate_reference` is its work).
+`evaluate_held_out` and `write_report` are shared by that command, the pipeline's evaluation task
+and the promotion gate, so that they play and write alike. An experience model is measured
+against the real game on held-out games by `evaluate_experience_model` (`dreamgym experience
+eval`), the measurement itself shared with the pipeline (`dreamgym.experience.report`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,6 +50,9 @@ from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.model import Policy
 from dreamgym.rl.rollout import Episode, RealBudget, play
+
+if TYPE_CHECKING:
+    from dreamgym.experience.report import FidelityRun
 
 EPISODE_COLUMNS = ("game", "task_id", "episode", "won", "truncated", "return", "steps", "actions")
 ACTION_SEPARATOR = " | "
@@ -192,6 +200,16 @@ def evaluate_policy(
     return EvaluationReport(summarize(records), records)
 
 
+def evaluate_held_out(policy: Policy, games: Sequence[str | Path], config: PipelineConfig) -> EvaluationReport:
+    """`evaluate_policy` with the config's evaluation settings and seed: how `dreamgym eval`, the
+    pipeline's evaluation task and the promotion gate play a policy, kept in one place so that
+    their figures stay comparable."""
+    settings = config.evaluation
+    return evaluate_policy(
+        policy, games, settings.episodes_per_game, config.seed, settings.max_steps, greedy=settings.greedy
+    )
+
+
 def episodes_path(json_path: str | Path) -> Path:
     """Where the per-episode table of a report written to `json_path` goes: `x.json` -> `x.episodes.csv`."""
     return Path(json_path).with_suffix(".episodes.csv")
@@ -215,6 +233,16 @@ def write_episodes(records: Sequence[dict], path: str | Path) -> Path:
     return path
 
 
+def write_report(report: EvaluationReport, path: str | Path, header: dict) -> dict:
+    """Write a report's two files: the per-episode table (`episodes_path`), then `path`, JSON of
+    `header` followed by the summary (written last: a JSON present means a whole report). Returns
+    what the JSON holds. The pipeline and `dreamgym eval` write their reports with it."""
+    values = {**header, **report.summary}
+    write_episodes(report.records, episodes_path(path))
+    write_json(values, path)
+    return values
+
+
 def evaluation_metrics(summary: dict, prefix: str = "eval_") -> dict[str, float]:
     """The summary as flat MLflow metrics (ci95 as `ci95_low` / `ci95_high`)."""
     lo, hi = summary["ci95"]
@@ -230,3 +258,109 @@ def log_evaluation(report: EvaluationReport, json_path: str | Path, prefix: str 
     mlflow.log_metrics(evaluation_metrics(report.summary, prefix))
     mlflow.log_artifact(str(json_path), artifact_path="evaluation")
     mlflow.log_artifact(str(episodes_path(json_path)), artifact_path="evaluation")
+
+
+# --- the commands' work -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyEvaluation:
+    """What `evaluate_reference` measured: the policy's label, the games played, the summary
+    (`EvaluationReport.summary`) and where the report was written."""
+
+    label: str
+    games: int
+    summary: dict
+    json_path: Path
+
+    def describe(self) -> str:
+        """The line `dreamgym eval` prints."""
+        summary = self.summary
+        lo, hi = summary["ci95"]
+        return (
+            f"{self.label}: success {summary['success_rate']:.1%} (95% CI {lo:.1%}-{hi:.1%}) over "
+            f"{summary['episodes']} episodes on {self.games} games, mean return "
+            f"{summary['mean_return']:.2f}, mean steps {summary['mean_steps']:.1f}, "
+            f"{summary['real_transitions']} real transitions → {self.json_path}"
+        )
+
+
+def evaluate_reference(
+    policy: str, games_dir: Path, json_out: Path, config: PipelineConfig, project: Path
+) -> PolicyEvaluation:
+    """`dreamgym eval`: play the policy `policy` names (a folder or a registry reference) on the
+    held-out games of `games_dir`, in a `policy-eval` MLflow run that logs the report written to
+    `json_out` (and its per-episode table). Bad input (no games, no such policy folder, a damaged
+    game) is reported before the run is opened."""
+    from dreamgym.policy.model import load_policy
+    from dreamgym.registry import resolve_model
+    from dreamgym.tracking import configure_services, stage_run
+
+    settings = config.evaluation
+    run_dir = project / config.paths.run_dir
+    game_files = held_out_games(config, games_dir)
+    if not policy.startswith("models:/") and "/" in policy and not Path(policy).is_dir():  # a path, not a name
+        raise DreamgymError(
+            f"--policy {policy}: no such folder; train a policy first (`dreamgym run`) or "
+            "give a registered one, e.g. models:/dreamgym-policy@champion"
+        )
+    for game in game_files:  # a damaged game is reported before a run is opened, not as a FAILED run
+        load_task(game)
+    configure_services(run_dir)
+    policy_dir, label = resolve_model(policy, run_dir / "models")
+    agent = load_policy(policy_dir, config.policy)
+    tags = {"dreamgym.policy": label, "dreamgym.eval_games": str(games_dir.resolve())}
+    eval_params = {
+        "games": len(game_files),
+        "episodes_per_game": settings.episodes_per_game,
+        "seed": config.seed,
+        "max_steps": settings.max_steps,
+        "greedy": settings.greedy,
+    }
+    header = {
+        "policy": label,
+        "games": len(game_files),
+        "seed": config.seed,
+        "episodes_per_game": settings.episodes_per_game,
+        "max_steps": settings.max_steps,
+        "greedy": settings.greedy,
+    }
+    with stage_run("policy-eval", config, project, tags=tags, params=eval_params):
+        report = evaluate_held_out(agent, game_files, config)
+        write_report(report, json_out, header)
+        log_evaluation(report, json_out)
+    return PolicyEvaluation(label, len(game_files), report.summary, json_out)
+
+
+def evaluate_experience_model(
+    model: str, games_dir: Path, json_out: Path, config: PipelineConfig, project: Path, no_model: bool = False
+) -> FidelityRun:
+    """`dreamgym experience eval`: the fidelity of the experience model `model` names (or, with
+    `no_model`, of its prompts' top neighbour copied) on real transitions collected on the
+    held-out games of `games_dir`, in an `experience-eval` MLflow run; the summary is written to
+    `json_out`. Lives here, not in `dreamgym.experience`, because it plays the real games."""
+    from dreamgym.data.collect import collect_held_out
+    from dreamgym.data.games import game_setting
+    from dreamgym.experience.report import FidelityRun, measure_fidelity
+    from dreamgym.registry import resolve_model
+    from dreamgym.tracking import configure_services, stage_run
+
+    run_dir = project / config.paths.run_dir
+    if not games_dir.is_dir():
+        raise DreamgymError(
+            f"--games {games_dir}: no such folder; make held-out games with `dreamgym games --split test`"
+        )
+    configure_services(run_dir)
+    model_dir, label = resolve_model(model, run_dir / "models")
+    out = project / config.paths.outputs_dir / "experience" / f"eval-{games_dir.resolve().name}.parquet"
+    real = collect_held_out(games_dir, out, config)
+    tags = {
+        "dreamgym.model": label,
+        "dreamgym.eval_games": str(games_dir.resolve()),
+        "dreamgym.no_model": str(no_model),
+    }
+    with stage_run("experience-eval", config, project, tags=tags):
+        summary = measure_fidelity(model_dir, real, run_dir, config, copy_neighbours=no_model, setting_of=game_setting)
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps({"model": label, "no_model": no_model, **summary}, indent=2))
+    return FidelityRun(summary, json_out)

@@ -86,3 +86,23 @@ def lineage(reference: str) -> list[Link]:
             "was it registered by the pipeline (dreamgym run)?"
         )
     return links
+
+
+def as_json(links: list[Link]) -> str:
+    """The chain as `dreamgym lineage --json` prints it."""
+    import json
+
+    return json.dumps([{"kind": link.kind, "label": link.label, **link.facts} for link in links], indent=2)
+
+
+def as_tree(links: list[Link]):
+    """The chain as the rich tree `dreamgym lineage` prints: each link under the one before."""
+    from rich.tree import Tree
+
+    root = node = Tree(f"{links[0].kind}: {links[0].label}")
+    for index, link in enumerate(links):
+        if index:
+            node = node.add(f"{link.kind}: {link.label}")
+        for key, value in link.facts.items():
+            node.add(f"{key}: {value}")
+    return root

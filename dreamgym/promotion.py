@@ -428,7 +428,7 @@ def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Calla
 
     def evaluate(reference: str) -> Score:
         from dreamgym.data.games import target_folder
-        from dreamgym.evaluation import current_eval_set, evaluate_policy, held_out_games
+        from dreamgym.evaluation import current_eval_set, evaluate_held_out, held_out_games
         from dreamgym.policy.model import load_policy
         from dreamgym.registry import resolve_model
 
@@ -436,19 +436,24 @@ def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Calla
         games_dir = Path(project_dir) / config.paths.data_dir / "games" / target_folder("test", config.games)
         games = held_out_games(config, games_dir)
         policy_dir, label = resolve_model(reference, Path(project_dir) / config.paths.run_dir / "models")
-        settings = config.evaluation
-        report = evaluate_policy(
-            load_policy(policy_dir, config.policy),
-            games,
-            settings.episodes_per_game,
-            config.seed,
-            settings.max_steps,
-            greedy=settings.greedy,
-        )
+        report = evaluate_held_out(load_policy(policy_dir, config.policy), games, config)
         summary = report.summary
         return Score(label, summary["wins"], summary["episodes"], current_eval_set(config, games), summary["outcomes"])
 
     return evaluate
+
+
+def promote_version(
+    config: PipelineConfig, project_dir: str | Path, version: str | None, dry_run: bool = False
+) -> Decision:
+    """`dreamgym promote`: the gate for policy `version` (default: the challenger), measured on the
+    current held-out games as the pipeline's gate measures it (`held_out_evaluator`). Call after
+    `configure_services`."""
+    version = version or alias_version(POLICY_MODEL_NAME, CHALLENGER_ALIAS)
+    if version is None:
+        raise DreamgymError("no challenger; run the pipeline (dreamgym run) first")
+    evaluate = held_out_evaluator(config, project_dir)
+    return gate(POLICY_MODEL_NAME, version, config.promotion, evaluate=evaluate, dry_run=dry_run)
 
 
 def describe(decision: Decision, dry_run: bool = False) -> str:

@@ -8,13 +8,15 @@ drift. Prefect is imported inside the functions only (it reads its settings at i
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,6 +268,57 @@ def local_prefect_server(prefect_home: str | Path, port: int = 4200, timeout: fl
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def serve_deployment(
+    project: Path, params: Path, name: str, port: int, prefect_home: str | Path, say: Callable[[str], None]
+) -> None:
+    """`dreamgym serve`: serve deployment `name` of `<project>/prefect.yaml` from this process, on
+    the Prefect server PREFECT_API_URL names, else on one started here (`local_prefect_server`,
+    its database in `prefect_home`), until interrupted. Refuses a parameter file (`params`) other
+    than the one the deployment runs with. `say` reports progress; the serving line goes to
+    stdout. Call after `configure_services` (Prefect reads its settings at import)."""
+    spec = load_deployment(project, name)
+    served_params = spec.parameters.get("params")
+    if served_params is not None and (project / str(served_params)).resolve() != params.resolve():
+        raise DreamgymError(
+            f"--params {params}: deployment {spec.name!r} runs with params="
+            f"{served_params!r} (prefect.yaml); serve that file, or change the "
+            "deployment's parameters in prefect.yaml"
+        )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with contextlib.ExitStack() as stack:
+        if not PREFECT_API_URL.value():
+            say(f"starting a local Prefect server (UI http://127.0.0.1:{port}) ...")
+            url = stack.enter_context(local_prefect_server(prefect_home, port))
+            stack.enter_context(temporary_settings({PREFECT_API_URL: url}))
+        os.chdir(project)  # every run resolves the entrypoint and the relative params path here
+        pipeline_flow = load_flow(spec, project)
+        print(
+            f"serving {pipeline_flow.name}/{spec.name} from {project / 'prefect.yaml'}: cron "
+            f"'{spec.cron}' ({spec.timezone}), parameters {json.dumps(spec.parameters)}; run it now with "
+            f"`prefect deployment run '{pipeline_flow.name}/{spec.name}'`; Ctrl+C stops serving",
+            flush=True,
+        )
+        pipeline_flow.serve(**deployment_options(spec), print_starting_message=False)
+
+
+def deploy(project: Path, name: str) -> str:
+    """`dreamgym deploy`: register deployment `name` of `<project>/prefect.yaml` on the shared
+    Prefect server PREFECT_API_URL names (refused without one); the line saying so."""
+    if not os.environ.get("PREFECT_API_URL"):
+        raise DreamgymError(
+            "PREFECT_API_URL is not set: a deployment is registered on a shared Prefect server "
+            "(`dreamgym stack up` starts one and writes its URL to client.env); to run on a schedule "
+            "without one, use `dreamgym serve`"
+        )
+    spec = load_deployment(project, name)
+    full_name = register_deployment(spec, project)
+    return (
+        f"deployment {full_name} on {os.environ['PREFECT_API_URL']}: cron '{spec.cron}' ({spec.timezone}), "
+        f"work pool {spec.work_pool}; run it now with `prefect deployment run '{full_name}'`"
+    )
 
 
 def _healthy(api_url: str) -> bool:

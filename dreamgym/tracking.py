@@ -47,6 +47,17 @@ def configure_services(run_dir: str | Path) -> dict[str, str]:
     return {key: os.environ[key] for key in defaults}
 
 
+def ui_addresses(services: dict[str, str]) -> str:
+    """Where to look at the runs, as `dreamgym run` ends: a shared server shows its UI at its own
+    address; the embedded stores (`services`, as `configure_services` returns them) need a UI
+    started, so the command that starts one is given."""
+    tracking, prefect_api = services["MLFLOW_TRACKING_URI"], os.environ.get("PREFECT_API_URL")
+    mlflow_ui = tracking if tracking.startswith("http") else f"mlflow ui --backend-store-uri {tracking}"
+    prefect_ui = prefect_api.removesuffix("/api") if prefect_api else None
+    prefect_ui = prefect_ui or f"PREFECT_HOME={services['PREFECT_HOME']} prefect server start"
+    return f"MLflow UI:  {mlflow_ui}\nPrefect UI: {prefect_ui}"
+
+
 def _create_tracking_store(uri: str, run_dir: Path) -> None:
     """Create (or upgrade) the embedded MLflow store under a lock between processes.
 

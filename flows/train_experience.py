@@ -33,10 +33,9 @@ from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot
 from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator
 from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
-from dreamgym.experience.fidelity import evaluate
 from dreamgym.experience.format import FORMAT_VERSION
-from dreamgym.experience.generate import open_experience_model, save_settings
-from dreamgym.experience.report import log_fidelity
+from dreamgym.experience.generate import save_settings
+from dreamgym.experience.report import measure_fidelity
 from dreamgym.experience.rerank import RANKING_VERSION
 from dreamgym.experience.variations import variation_examples
 from dreamgym.fanout import collect_in_pieces
@@ -177,15 +176,7 @@ def evaluate_task(
 ) -> dict:
     """Fidelity of the model in `model_dir`, or with `copy_neighbours` of no model: its prompts'
     top neighbour's change (`NeighbourCopy`)."""
-    with open_experience_model(model_dir, run_dir, config, copy_neighbours) as experience:
-        report = evaluate(
-            experience,
-            read_transitions(real_path).to_pylist(),
-            config.experience.multi_step,
-            progress=True,
-            setting_of=game_setting,
-        )
-    return log_fidelity(report)
+    return measure_fidelity(model_dir, real_path, run_dir, config, copy_neighbours, setting_of=game_setting)
 
 
 @flow(name="train-experience")

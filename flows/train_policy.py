@@ -32,11 +32,10 @@ from dreamgym.envs.textworld_env import TextWorldEnv, load_task, tasks_at_start
 from dreamgym.evaluation import (
     current_eval_set,
     episodes_path,
-    evaluate_policy,
+    evaluate_held_out,
     evaluation_metrics,
     held_out_games,
-    write_episodes,
-    write_json,
+    write_report,
 )
 from dreamgym.experience.variations import dream_curriculum, seed_tasks
 from dreamgym.fanout import evaluate_in_pieces
@@ -334,21 +333,12 @@ def evaluate_task(
         return json.loads(path.read_text())
     settings, pieces = config.evaluation, fanout()
     if pieces is None:
-        report = evaluate_policy(
-            load_policy(policy_dir),
-            games,
-            settings.episodes_per_game,
-            config.seed,
-            settings.max_steps,
-            greedy=settings.greedy,
-        )
+        report = evaluate_held_out(load_policy(policy_dir), games, config)
     else:  # the flow runs on Ray (flows/compute.py): shards of games, the same records and summary
         report = evaluate_in_pieces(
             policy_dir, games, settings.episodes_per_game, config.seed, settings.max_steps, settings.greedy, pieces
         )
-    summary = {"name": name, "policy_dir": policy_dir, "json_path": str(path), **report.summary}
-    write_episodes(report.records, episodes_path(path))
-    write_json(summary, path)
+    summary = write_report(report, path, {"name": name, "policy_dir": policy_dir, "json_path": str(path)})
     get_run_logger().info("%s: success %.1f%% on %d episodes", name, 100 * summary["success_rate"], summary["episodes"])
     return summary
 

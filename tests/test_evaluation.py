@@ -15,12 +15,14 @@ from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import (
     EPISODE_COLUMNS,
     episodes_path,
+    evaluate_held_out,
     evaluate_policy,
     evaluation_metrics,
     held_out_games,
     summarize,
     wilson_interval,
     write_episodes,
+    write_report,
 )
 from dreamgym.policy.model import load_policy
 
@@ -142,6 +144,21 @@ def test_report_numbers_are_consistent(policy, train_games, tmp_path):
         assert not (record["won"] and record["truncated"])
     written = list(csv.DictReader(write_episodes(records, tmp_path / "e.csv").open()))
     assert tuple(written[0]) == EPISODE_COLUMNS and len(written) == len(records)
+
+
+def test_held_out_evaluation_and_its_report_are_what_the_cli_and_the_flow_share(policy, test_games, tmp_path):
+    """`dreamgym eval`, the pipeline's evaluation task and the promotion gate play through
+    `evaluate_held_out` (the config's settings and seed) and write through `write_report`."""
+    evaluation = EvaluationConfig(episodes_per_game=2, max_steps=5, greedy=False)
+    config = dataclasses.replace(PipelineConfig(), seed=3, evaluation=evaluation)
+    report = evaluate_held_out(policy, test_games, config)
+    assert report == evaluate_policy(policy, test_games, 2, 3, 5, greedy=False)
+    path = tmp_path / "out" / "report.json"
+    written = write_report(report, path, {"name": "tiny", "games": len(test_games)})
+    assert list(written)[:3] == ["name", "games", "episodes"]  # the header first, then the summary
+    assert json.loads(path.read_text()) == written == {"name": "tiny", "games": len(test_games), **report.summary}
+    rows = list(csv.DictReader(episodes_path(path).open()))
+    assert [int(row["steps"]) for row in rows] == [record["steps"] for record in report.records]
 
 
 def test_eval_command_writes_report_and_logs_to_mlflow(policy_dir, test_games, mlflow_tracking, tmp_path, monkeypatch):

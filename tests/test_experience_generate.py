@@ -186,6 +186,31 @@ def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
     assert summary["next_state_exact_match"] >= 0.5
 
 
+def test_measure_fidelity_is_the_report_the_pipeline_and_the_cli_log(
+    tiny_experience, first_episode, mlflow_tracking, tmp_path
+):
+    """The pipeline's fidelity task and `dreamgym experience eval` both measure through
+    `measure_fidelity`: `evaluate` on the model `open_experience_model` opens, logged to the run."""
+    import mlflow
+
+    from dreamgym.config import PipelineConfig
+    from dreamgym.data.schema import to_table, write_transitions
+    from dreamgym.experience.generate import open_experience_model
+    from dreamgym.experience.report import measure_fidelity
+
+    real = write_transitions(to_table(first_episode), tmp_path / "real.parquet")
+    config = PipelineConfig(experience=TINY)
+    setting_of = lambda task_id: "this game"  # noqa: E731
+    experiment = mlflow.create_experiment("fidelity", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment) as run:  # artifacts under tmp_path, not ./mlruns
+        summary = measure_fidelity(tiny_experience.model_dir, real, tmp_path, config, setting_of=setting_of)
+    with open_experience_model(tiny_experience.model_dir, tmp_path, config) as experience:
+        expected = evaluate(experience, first_episode, TINY.multi_step, setting_of=setting_of).summary
+    assert summary == expected and list(summary["by_setting"]) == ["this game"]
+    logged = mlflow.get_run(run.info.run_id).data.metrics
+    assert logged["fidelity_next_state_exact_match"] == summary["next_state_exact_match"]
+
+
 def test_additions_and_replacements_cannot_repeat_an_item(tiny_experience):
     from dreamgym.experience.constrain import DeltaConstraint, repeated_entries
 

@@ -191,3 +191,30 @@ def stored_trajectories(database: Database, trajectory_ids: Iterable[str], sourc
     with database.reader.connect() as connection, connection.connection.driver_connection.cursor() as cursor:
         cursor.execute(sql, (trajectory_ids, source) if source is not None else (trajectory_ids,))
         return {trajectory_id for (trajectory_id,) in cursor.fetchall()}
+
+
+def nearest_transitions(
+    database: Database,
+    encoder: str,
+    task: str,
+    state: str,
+    action: str,
+    k: int,
+    ef_search: int,
+    env: str | None = None,
+    source: str | None = None,
+    exclude_task: bool = False,
+) -> list[dict]:
+    """`dreamgym buffer query`: the `k` stored transitions nearest to (task, state, action), each
+    a dict of its columns and its `similarity` (rounded to 6 places). `task` is a stored task id
+    (its instruction is embedded; `exclude_task` then leaves that task out) or an instruction."""
+    from sqlalchemy import text
+
+    from dreamgym.buffer.embeddings import Encoder, transition_text
+
+    with database.engine.connect() as connection:
+        instruction = connection.execute(text("SELECT instruction FROM tasks WHERE task_id = :t"), {"t": task}).scalar()
+    filters = Filters(env=env, source=source, exclude_task_id=task if exclude_task and instruction else None)
+    vector = Encoder(encoder).encode([transition_text(instruction or task, state, action)])
+    [neighbours] = search(database, vector, k, filters, ef_search)
+    return [{"similarity": round(n.similarity, 6), **n.transition} for n in neighbours]

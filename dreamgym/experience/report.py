@@ -1,13 +1,22 @@
-"""Fidelity results where people look: MLflow metrics, a per-example table, a JSON and a plot."""
+"""Fidelity results where people look: MLflow metrics, a per-example table, a JSON and a plot.
+
+`measure_fidelity` measures a model and logs the results; the pipeline's fidelity task and
+`dreamgym experience eval` (`dreamgym.evaluation.evaluate_experience_model`) both call it."""
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dreamgym.experience.fidelity import FIELDS, FidelityReport, setting_table
 from dreamgym.plots import new_figure, save_figure
+
+if TYPE_CHECKING:
+    from dreamgym.config import PipelineConfig
 
 
 def plot_open_loop(multi_step: list[dict], path: Path) -> Path:
@@ -60,3 +69,55 @@ def log_fidelity(report: FidelityReport, prefix: str = "fidelity_") -> dict:
                 artifact_path="experience",
             )
     return report.summary
+
+
+def measure_fidelity(
+    model_dir: str | Path,
+    real_path: str | Path,
+    run_dir: str | Path,
+    config: PipelineConfig,
+    copy_neighbours: bool = False,
+    setting_of: Callable[[str], str] | None = None,
+) -> dict:
+    """The fidelity of the experience model in `model_dir` (with `copy_neighbours`, of no model:
+    its prompts' top neighbour's change) on the real transitions in `real_path`, per setting by
+    `setting_of` (a task id's game setting), logged to the active MLflow run; its summary. One
+    function for the pipeline and the CLI, so that their figures are measured alike."""
+    from dreamgym.data.schema import read_transitions
+    from dreamgym.experience.fidelity import evaluate
+    from dreamgym.experience.generate import open_experience_model
+
+    with open_experience_model(model_dir, run_dir, config, copy_neighbours) as experience:
+        report = evaluate(
+            experience,
+            read_transitions(real_path).to_pylist(),
+            config.experience.multi_step,
+            progress=True,
+            setting_of=setting_of,
+        )
+    return log_fidelity(report)
+
+
+@dataclass(frozen=True)
+class FidelityRun:
+    """A fidelity summary (`FidelityReport.summary`) and where it was written."""
+
+    summary: dict
+    json_path: Path
+
+    def describe(self) -> str:
+        """What `dreamgym experience eval` prints: the headline, the foreseeable transitions' figures,
+        and the table by game setting."""
+        summary, foreseen = self.summary, self.summary["foreseeable"]
+        return "\n".join(
+            [
+                f"next-state exact match {summary['next_state_exact_match']:.1%}, reward accuracy "
+                f"{summary['reward_accuracy']:.1%}, done accuracy {summary['done_accuracy']:.1%}, "
+                f"parse failures {summary['parse_failure_rate']:.1%} on {summary['transitions']} "
+                f"transitions → {self.json_path}",
+                f"on the {foreseen['transitions']} foreseeable ones (next state names only what the "
+                f"prompt shows): exact match {foreseen['next_state_exact_match']:.1%}, reward "
+                f"{foreseen['reward_accuracy']:.1%}, done {foreseen['done_accuracy']:.1%}",
+                setting_table(summary["by_setting"]),
+            ]
+        )
