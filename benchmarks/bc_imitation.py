@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from dreamgym.config import PolicyConfig
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.bc import bc_examples, policy_kept_names, train_bc
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import load_policy
 
 

@@ -49,11 +49,11 @@ import pgvector.sqlalchemy  # noqa: F401 - lets reflection map the `vector` colu
 from sqlalchemy import MetaData, Table, text
 from sqlalchemy.orm import Session, registry
 
+from dreamgym.buffer.config import BufferConfig
 from dreamgym.buffer.db import Database, open_database
 from dreamgym.buffer.migrations import apply_migrations, load_migrations
 from dreamgym.buffer.retrieval import SEARCH_SQL, Filters, configure_session, search, search_parameters
 from dreamgym.buffer.store import HNSW_INDEX, upsert_transitions
-from dreamgym.config import BufferConfig
 from dreamgym.data.schema import content_hash, to_table
 
 DIM, K, LATENT = 384, 10, 32

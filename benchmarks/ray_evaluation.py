@@ -35,9 +35,10 @@ from pathlib import Path
 import torch
 
 from dreamgym.benchmark import machine
-from dreamgym.config import ComputeConfig, EvaluationConfig, PipelineConfig
+from dreamgym.config import PipelineConfig
 from dreamgym.evaluation import BATCH, eval_set_id, evaluate_policy, held_out_games
 from dreamgym.fanout import evaluate_in_pieces
+from dreamgym.ops.config import ComputeConfig, EvaluationConfig
 from dreamgym.policy.model import load_policy
 from dreamgym.sharding import evaluation_shards
 from dreamgym.tracking import configure_services

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from typer._click.exceptions import UsageError  # typer 0.29 vendors click and does not re-export it
 
-from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, PipelineConfig, load_config
+from dreamgym.config import PipelineConfig, load_config
+from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED
 from dreamgym.errors import DreamgymError
 
 # Help texts are plain text: with rich markup on, their "[default: key]" notes were eaten as tags.

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import ConfigError, PipelineConfig, config_to_dict, flatten, load_config
+from dreamgym.config import PipelineConfig, config_to_dict, flatten, load_config
+from dreamgym.errors import ConfigError
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
@@ -81,8 +82,10 @@ def test_every_model_setting_belongs_to_a_part_and_the_cache_keys_follow_the_par
     field's part, so a new field without one would silently miss a cache key."""
     import dataclasses
 
-    from dreamgym.config import ExperienceConfig, PolicyConfig, config_part
+    from dreamgym.experience.config import ExperienceConfig
     from dreamgym.lm.sft import training_settings
+    from dreamgym.policy.config import PolicyConfig
+    from dreamgym.sections import config_part
 
     for config in (ExperienceConfig(), PolicyConfig()):
         parts = [(field.json_schema_extra or {}).get("part") for field in type(config).__pydantic_fields__.values()]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import EvaluationConfig, PipelineConfig, PolicyConfig
+from dreamgym.config import PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import (
     EPISODE_COLUMNS,
@@ -22,6 +22,8 @@ from dreamgym.evaluation import (
     wilson_interval,
     write_episodes,
 )
+from dreamgym.ops.config import EvaluationConfig
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import load_policy
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"

@@ -9,15 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from dreamgym.config import CurriculumConfig, GamesConfig, PolicyConfig, RLConfig
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.collect import CollectionSettings, collect
+from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.bc import bc_examples, policy_kept_names, train_bc
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import load_policy
+from dreamgym.rl.config import CurriculumConfig, RLConfig
 from dreamgym.rl.loop import train_rl
 from dreamgym.rl.rollout import play
 

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from dreamgym.config import RLConfig
 from dreamgym.envs.base import Task
 from dreamgym.policy.model import Decision
+from dreamgym.rl.config import RLConfig
 from dreamgym.rl.grpo import GRPO, discounted_returns, group_advantages, step_advantages
 from dreamgym.rl.loop import ENTROPY_FLOOR, collapse_warnings, episode_metrics
 from dreamgym.rl.losses import (

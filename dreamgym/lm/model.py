@@ -40,8 +40,9 @@ from transformers import (
     set_seed,
 )
 
-from dreamgym.config import ExperienceConfig, PolicyConfig
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.config import ExperienceConfig
+from dreamgym.policy.config import PolicyConfig
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 FROM_SCRATCH = "from_scratch"

@@ -31,9 +31,9 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from dreamgym.config import RLConfig
 from dreamgym.policy.model import Policy
 from dreamgym.rl.common import Sample, policy_terms, weighted_mean
+from dreamgym.rl.config import RLConfig
 from dreamgym.rl.losses import clip_fraction, clipped_surrogate
 from dreamgym.rl.rollout import Episode
 
