@@ -26,6 +26,8 @@ def test_params_yaml_is_valid_and_matches_the_defaults():
             "'experience.constrain_removals' is now called 'experience.constrained_decoding'; rename it",
         ),
         ({"buffer.top_k": 4}, "'buffer.top_k' was removed (`dreamgym buffer query -k` sets it;"),
+        ({"experience.examples_first": False}, "'experience.examples_first' was removed (decided: always off"),
+        ({"rl.step_weight": 0.0}, "'rl.step_weight' was removed (GiGPO's step-level advantage: no gain"),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(tmp_path, overrides, message):

@@ -180,18 +180,6 @@ class ExperienceConfig:
             part="generation",
         ),
     ] = True
-    examples_first: Annotated[
-        bool,
-        described(
-            "With constrained_decoding: where the change of one of the worked examples fits the state, the "
-            "next state names such an example or is 'no change'; a change is written out only where "
-            "none fits. Off (the default): it may write a change out there too. On games of other settings "
-            "than its data such changes were all wrong, and on the model equals its copier there; but GRPO "
-            "in the dream of a tiny model of the very game it dreams lowered the real score with it on "
-            "(dreamgym/experience/constrain.py).",
-            part="generation",
-        ),
-    ] = False
     name_imagined: Annotated[
         bool,
         described(

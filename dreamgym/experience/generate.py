@@ -607,7 +607,6 @@ class ExperienceModel:
                     _picked(traces, rows),
                     reasoning=self.config.reasoning,
                     greedy=not sample,
-                    examples_first=self.config.examples_first,
                 )
             ]
         )
