@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dreamgym.domain import NO_RULES, Domain
+from dreamgym.errors import DreamgymError
 from dreamgym.experience.format import NO_CHANGE, applied, state_delta
 from dreamgym.placeholders import Placeholders, carried_names
 from dreamgym.state import ITEM_SEPARATOR, AbstractState, format_item, item_name, parse_state
@@ -70,16 +71,6 @@ LEVELS = (
     (1, False, True),
     (2, False, True),
     (3, False, True),
-    (4, False, False),
-    (3, True, False),
-    (4, True, False),
-)
-# The levels of affordances saved without their levels (before 2026-11-29).
-LEGACY_LEVELS = (
-    (0, False, False),
-    (1, False, False),
-    (2, False, False),
-    (3, False, False),
     (4, False, False),
     (3, True, False),
     (4, True, False),
@@ -367,9 +358,14 @@ class Affordances:
     @classmethod
     def load(cls, path: str | Path) -> Affordances:
         data = json.loads(Path(path).read_text())
+        if "levels" not in data:
+            raise DreamgymError(
+                f"{path} was saved before 2026-11-29, without its levels: train the experience model again "
+                "with dreamgym run"
+            )
         # A vote's description starts with its level's index: into the levels it was saved with.
         now = {tuple(level): index for index, level in enumerate(LEVELS)}
-        index_now = [now.get(tuple(level)) for level in data.get("levels", LEGACY_LEVELS)]
+        index_now = [now.get(tuple(level)) for level in data["levels"]]
         votes = {}
         for description, counts in data["votes"]:
             if index_now[description[0]] is not None:

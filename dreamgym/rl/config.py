@@ -58,17 +58,7 @@ class RLConfig:
     clip: Annotated[float, described("ε of the clipped probability ratio (and of PPO's value clip).", gt=0, lt=1)] = 0.2
     kl_coef: Annotated[float, described("β: weight of KL(policy || reference BC policy).", ge=0)] = 0.05
     entropy_coef: Annotated[float, described("Weight of the entropy bonus.", ge=0)] = 0.01
-    gamma: Annotated[
-        float, described("Discount γ: PPO's GAE, and the step returns of GRPO's step-level advantages.", ge=0, le=1)
-    ] = 0.99
-    step_weight: Annotated[
-        float,
-        described(
-            "GRPO: ω, the weight of the step-level advantage (GiGPO): decisions taken in the same state by a "
-            "task's rollouts compared by their discounted returns from there. 0: episode-level advantages only.",
-            ge=0,
-        ),
-    ] = 0.0
+    gamma: Annotated[float, described("Discount γ of PPO's GAE.", ge=0, le=1)] = 0.99
     lam: Annotated[float, described("PPO GAE λ.", ge=0, le=1)] = 0.95
     value_coef: Annotated[float, described("PPO value-loss weight.", ge=0)] = 0.5
     max_grad_norm: Annotated[float, described("Gradient norm clip.", gt=0)] = 1.0
