@@ -99,3 +99,21 @@ def test_every_model_setting_belongs_to_a_part_and_the_cache_keys_follow_the_par
     assert training_settings(experience) == training_settings(dataclasses.replace(experience, max_new_tokens=9))
     with pytest.raises(ValueError, match="no field in part"):
         config_part(experience, "no-such-part")
+
+
+def test_each_section_is_declared_beside_its_code_with_the_shared_helpers_only():
+    """A package's config.py imports `dreamgym.sections` (and, lazily, its own package), never
+    `dreamgym.config`, which composes them: no import cycle, and each section travels with its code."""
+    import ast
+
+    library = PARAMS.parent / "dreamgym"
+    modules = sorted(path for path in library.rglob("config.py") if path.parent != library)
+    assert {path.parent.name for path in modules} >= {"data", "buffer", "experience", "policy", "rl", "ops"}
+    for path in modules:
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dreamgym")
+        }
+        own = f"dreamgym.{path.parent.name}."
+        assert {name for name in imported if not name.startswith(own)} == {"dreamgym.sections"}, path
