@@ -375,8 +375,8 @@ class Affordances:
             votes,
             {(template, slot): {_tupled(kind) for kind in kinds} for template, slot, kinds in data["slot_kinds"]},
             set(data["known_states"]),
-            data.get("returns", {}),  # saved before the ways back were learnt: none
-            {tuple(pair) for pair in data.get("precedes", ())},  # before the order was: appended
+            data["returns"],
+            {tuple(pair) for pair in data["precedes"]},
             {  # saved before the tasks' actions were learnt: none
                 action: (position, tuple(places)) for action, (position, places) in data.get("task_actions", {}).items()
             },
