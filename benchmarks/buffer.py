@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import text
 
+from dreamgym.buffer.config import BufferConfig
 from dreamgym.buffer.db import Database, open_database
 from dreamgym.buffer.migrations import apply_migrations, load_migrations
 from dreamgym.buffer.retrieval import SEARCH_SQL, Filters, configure_session, search, search_parameters
 from dreamgym.buffer.store import HNSW_INDEX, upsert_transitions
-from dreamgym.config import BufferConfig
 from dreamgym.data.schema import content_hash, to_table
 
 DIM, K, LATENT = 384, 10, 32

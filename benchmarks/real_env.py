@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dreamgym.config import GamesConfig
 from dreamgym.data.collect import CollectionSettings, collect
+from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.state import parse_state

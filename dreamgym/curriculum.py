@@ -38,9 +38,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from dreamgym.config import CurriculumConfig
 from dreamgym.domain import Domain
 from dreamgym.envs.base import Task
+from dreamgym.rl.config import CurriculumConfig
 from dreamgym.state import StateParseError, parse_state
 
 logger = logging.getLogger("dreamgym.curriculum")

@@ -3,3 +3,7 @@
 
 class DreamgymError(Exception):
     """Bad input or a broken precondition, with a message that names the problem and the fix."""
+
+
+class ConfigError(DreamgymError):
+    """A parameter file or value that cannot be used, with what to change."""

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING
 from dreamgym.errors import DreamgymError
 
 if TYPE_CHECKING:
-    from dreamgym.config import PipelineConfig, PromotionConfig
+    from dreamgym.config import PipelineConfig
+    from dreamgym.ops.config import PromotionConfig
 
 POLICY_MODEL_NAME = "dreamgym-policy"
 CHAMPION_ALIAS = "champion"

@@ -34,7 +34,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from pydantic import ValidationError
 
-from dreamgym.config import ComputeConfig, ConfigError
+from dreamgym.errors import ConfigError
+from dreamgym.ops.config import ComputeConfig
 
 if TYPE_CHECKING:  # Ray and prefect-ray are the `team` extra: imported only when asked for
     from prefect_ray import RayTaskRunner

@@ -24,10 +24,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from prefect.tasks import exponential_backoff
 
+from dreamgym.buffer.config import BufferConfig
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.buffer.store import UpsertResult, ingest_file
-from dreamgym.config import BufferConfig, GamesConfig, PipelineConfig, ValidationConfig
+from dreamgym.config import PipelineConfig
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
+from dreamgym.data.config import GamesConfig, ValidationConfig
 from dreamgym.data.games import generate_games, plan_games, target_folder, target_settings
 from dreamgym.data.overview import plot_dataset
 from dreamgym.data.schema import read_transitions

@@ -24,7 +24,7 @@ from prefect.tasks import exponential_backoff
 
 from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
-from dreamgym.config import ExperienceConfig, PipelineConfig, config_part, load_config
+from dreamgym.config import PipelineConfig, load_config
 from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.games import game_setting
 from dreamgym.data.schema import read_transitions
@@ -32,6 +32,7 @@ from dreamgym.domain import named_domain
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import save_settings
@@ -42,6 +43,7 @@ from dreamgym.fanout import collect_in_pieces
 from dreamgym.lm.sft import TrainResult, plot_losses, train_sft
 from dreamgym.placeholders import kept_names
 from dreamgym.registry import register_model_dir
+from dreamgym.sections import config_part
 from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
 from flows.compute import fanout

@@ -21,7 +21,7 @@ import mlflow
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from dreamgym.config import PipelineConfig, RLConfig, config_to_dict
+from dreamgym.config import PipelineConfig, config_to_dict
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import games_if_any, list_games
 from dreamgym.data.harder_games import harder_game_writer
@@ -45,6 +45,7 @@ from dreamgym.policy.report import plot_learning_curves, plot_success
 from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME
 from dreamgym.promotion import evaluation_tags, set_challenger
 from dreamgym.registry import register_model_dir
+from dreamgym.rl.config import RLConfig
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
 from dreamgym.tracking import stage_run

@@ -21,9 +21,10 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 
-from dreamgym.config import ExperienceConfig, GamesConfig
 from dreamgym.data.collect import CollectionSettings, collect
+from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import generate_games, plan_games
+from dreamgym.experience.config import ExperienceConfig
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

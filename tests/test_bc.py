@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from dreamgym.config import PolicyConfig
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
 from dreamgym.evaluation import evaluate_policy
 from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Observation, load_policy
 
 # Small enough to clone three games in about a minute on one thread. 12 epochs at batch 16 were not

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import ConfigError, PipelineConfig, config_to_dict, flatten, load_config
+from dreamgym.config import PipelineConfig, config_to_dict, flatten, load_config
+from dreamgym.errors import ConfigError
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
@@ -25,6 +26,8 @@ def test_params_yaml_is_valid_and_matches_the_defaults():
             "'experience.constrain_removals' is now called 'experience.constrained_decoding'; rename it",
         ),
         ({"buffer.top_k": 4}, "'buffer.top_k' was removed (`dreamgym buffer query -k` sets it;"),
+        ({"experience.examples_first": False}, "'experience.examples_first' was removed (decided: always off"),
+        ({"rl.step_weight": 0.0}, "'rl.step_weight' was removed (GiGPO's step-level advantage: no gain"),
     ],
 )
 def test_bad_values_name_the_key_and_the_fix(tmp_path, overrides, message):
@@ -81,8 +84,10 @@ def test_every_model_setting_belongs_to_a_part_and_the_cache_keys_follow_the_par
     field's part, so a new field without one would silently miss a cache key."""
     import dataclasses
 
-    from dreamgym.config import ExperienceConfig, PolicyConfig, config_part
+    from dreamgym.experience.config import ExperienceConfig
     from dreamgym.lm.sft import training_settings
+    from dreamgym.policy.config import PolicyConfig
+    from dreamgym.sections import config_part
 
     for config in (ExperienceConfig(), PolicyConfig()):
         parts = [(field.json_schema_extra or {}).get("part") for field in type(config).__pydantic_fields__.values()]
@@ -94,3 +99,21 @@ def test_every_model_setting_belongs_to_a_part_and_the_cache_keys_follow_the_par
     assert training_settings(experience) == training_settings(dataclasses.replace(experience, max_new_tokens=9))
     with pytest.raises(ValueError, match="no field in part"):
         config_part(experience, "no-such-part")
+
+
+def test_each_section_is_declared_beside_its_code_with_the_shared_helpers_only():
+    """A package's config.py imports `dreamgym.sections` (and, lazily, its own package), never
+    `dreamgym.config`, which composes them: no import cycle, and each section travels with its code."""
+    import ast
+
+    library = PARAMS.parent / "dreamgym"
+    modules = sorted(path for path in library.rglob("config.py") if path.parent != library)
+    assert {path.parent.name for path in modules} >= {"data", "buffer", "experience", "policy", "rl", "ops"}
+    for path in modules:
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dreamgym")
+        }
+        own = f"dreamgym.{path.parent.name}."
+        assert {name for name in imported if not name.startswith(own)} == {"dreamgym.sections"}, path

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import ConfigError, CurriculumConfig, load_config
+from dreamgym.config import load_config
 from dreamgym.curriculum import (
     Curriculum,
     binary_entropy,
@@ -19,7 +19,8 @@ from dreamgym.curriculum import (
     weighted_sample,
 )
 from dreamgym.envs.base import Task
-from dreamgym.errors import DreamgymError
+from dreamgym.errors import ConfigError, DreamgymError
+from dreamgym.rl.config import CurriculumConfig
 from dreamgym.state import AbstractState, format_state
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 from conftest import TINY_EXPERIENCE, train_experience
 
+from dreamgym.buffer.config import BufferConfig
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.store import upsert_transitions, write_back
-from dreamgym.config import BufferConfig, CurriculumConfig
 from dreamgym.curriculum import Curriculum, check_variation
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.base import EnvError
@@ -31,6 +31,7 @@ from dreamgym.experience.variations import (
     write_variations,
 )
 from dreamgym.lm.model import init_model, load_model
+from dreamgym.rl.config import CurriculumConfig
 from dreamgym.state import format_state, parse_state
 
 # The shared tiny model; longer completions: the episode's first step writes a long delta.

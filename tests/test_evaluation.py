@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import EvaluationConfig, PipelineConfig, PolicyConfig
+from dreamgym.config import PipelineConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import (
     EPISODE_COLUMNS,
@@ -24,6 +24,8 @@ from dreamgym.evaluation import (
     write_episodes,
     write_report,
 )
+from dreamgym.ops.config import EvaluationConfig
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import load_policy
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"

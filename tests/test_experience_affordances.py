@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dreamgym.domain import NO_RULES, named_domain
+from dreamgym.errors import DreamgymError
 from dreamgym.experience.affordances import (
-    LEGACY_LEVELS,
-    LEVELS,
     Affordances,
     adapted_change,
     learnt_from_rows,
@@ -173,7 +174,7 @@ def test_an_examples_object_lends_its_change_not_its_states(tmp_path):
     )
 
 
-def test_a_door_is_no_container_whatever_the_carried_food_and_older_files_load(tmp_path):
+def test_a_door_is_no_container_whatever_the_carried_food_and_older_files_are_refused(tmp_path):
     def room(food: str, door: bool) -> AbstractState:
         furniture = ["cupboard (open)", "fridge (open)"] + (["plain door (open)"] if door else [])
         inside = [f"insert {item_name(food)} into {name}" for name in ("cupboard", "fridge")]
@@ -186,22 +187,14 @@ def test_a_door_is_no_container_whatever_the_carried_food_and_older_files_load(t
     before, here = room("pear", door=True), room("pear (chopped, roasted)", door=True)
     blank = AbstractState(here.location, here.visible, here.inventory, ())
     assert learnt.predict(blank, before) == {"insert pear into cupboard", "insert pear into fridge"}
-    # Affordances saved before the levels were (no `levels`: the legacy ones) keep their votes' levels.
+    # Saved and loaded, the votes keep their levels; a file saved before the levels were is refused.
     learnt.save(tmp_path / "affordances.json")
+    assert Affordances.load(tmp_path / "affordances.json").votes == learnt.votes
     saved = json.loads((tmp_path / "affordances.json").read_text())
-    legacy = {tuple(level): index for index, level in enumerate(LEGACY_LEVELS)}
-    saved["votes"] = [
-        [[legacy[LEVELS[d[0]]], *d[1:]], counts] for d, counts in saved["votes"] if LEVELS[d[0]] in legacy
-    ]
     del saved["levels"]
-    (tmp_path / "legacy.json").write_text(json.dumps(saved))
-    old = Affordances.load(tmp_path / "legacy.json")
-    assert old.votes == {d: c for d, c in learnt.votes.items() if LEVELS[d[0]] in legacy}
-    # What the older levels said, where the step before shows nothing of the door (a room entered:
-    # beside it, the door's own uses a step before decide, `_kept_use`).
-    entered = AbstractState("pantry", before.visible, before.inventory, before.actions)
-    assert "insert pear into plain door" in old.predict(blank, entered)
-    assert "insert pear into plain door" not in old.predict(blank, before)
+    (tmp_path / "older.json").write_text(json.dumps(saved))
+    with pytest.raises(DreamgymError, match="saved before 2026-11-29, without its levels: train the experience"):
+        Affordances.load(tmp_path / "older.json")
 
 
 def test_furniture_the_data_never_described_keeps_the_uses_it_had_a_step_before():

@@ -17,8 +17,9 @@ import torch
 from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
 
 import dreamgym.experience.generate as generate_module
-from dreamgym.config import ExperienceConfig, PipelineConfig
+from dreamgym.config import PipelineConfig
 from dreamgym.envs.dynamics import Query
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.examples import history_of
 from dreamgym.experience.generate import (
     STOP,

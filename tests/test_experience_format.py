@@ -17,7 +17,6 @@ import pytest
 
 from dreamgym.buffer.embeddings import transition_text
 from dreamgym.buffer.store import upsert_transitions
-from dreamgym.config import ExperienceConfig
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
 from dreamgym.experience.annotate import (
@@ -28,6 +27,7 @@ from dreamgym.experience.annotate import (
     stated_change,
     stated_outcome,
 )
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.constrain import completion_pattern
 from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples

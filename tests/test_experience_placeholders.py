@@ -9,9 +9,9 @@ import json
 import pytest
 from conftest import TINY_EXPERIENCE, train_experience
 
-from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dynamics import Completion, Query, Step
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.examples import build_examples, load_kept_names, queries_of, save_examples
 from dreamgym.experience.format import FormatError, parse_completion, with_real_names
 from dreamgym.experience.generate import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dreamgym.config import GamesConfig
 from dreamgym.data.collect import CollectionSettings, collect
+from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dynamics import Query

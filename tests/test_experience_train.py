@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from dreamgym.config import ExperienceConfig
 from dreamgym.data.schema import read_transitions
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.lm.model import (
     device_and_dtype,
     init_model,

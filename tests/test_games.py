@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dreamgym.config import GamesConfig
+from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import (
     _SERIAL_AT,
     STORY_SERIAL,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import CurriculumConfig
 from dreamgym.curriculum import Curriculum, state_verbs
 from dreamgym.data.games import GameSpec, game_setting, spec_of
 from dreamgym.data.harder_games import harder_game_writer, harder_specs
 from dreamgym.envs.textworld_env import TextWorldEnv, tasks_at_start
+from dreamgym.rl.config import CurriculumConfig
 from dreamgym.state import parse_state
 
 SPEC = GameSpec("train", 7, recipe=2, take=2, go=6, open=True, cook=True, cut=True)

@@ -254,7 +254,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
 def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):
 
     import flows.train_experience as flow
-    from dreamgym.config import ExperienceConfig
+    from dreamgym.experience.config import ExperienceConfig
 
     config = ExperienceConfig()
     key = flow.examples_key("md5", config, "encoder")

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from dreamgym.config import PolicyConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import init_model, train_tokenizer
 from dreamgym.policy.bc import bc_examples, initial_policy
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import (
     KEPT_NAMES_FILE,
     SETTINGS_FILE,

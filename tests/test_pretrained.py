@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import TINY_EXPERIENCE
 
-from dreamgym.config import PolicyConfig
 from dreamgym.experience.generate import ExperienceModel
 from dreamgym.lm import model as lm_model
 from dreamgym.lm.model import ModelNotFoundError, load_pretrained
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Observation, Policy
 
 pytestmark = pytest.mark.skipif(

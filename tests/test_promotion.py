@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dreamgym.config import PromotionConfig
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import eval_set_id
+from dreamgym.ops.config import PromotionConfig
 from dreamgym.promotion import (
     BC_LABEL,
     CHAMPION_ALIAS,

@@ -14,9 +14,11 @@ import pytest
 # The tiny policy and its fixtures: tests/test_evaluation.py's, not a copy.
 from test_evaluation import policy, policy_dir  # noqa: F401
 
-from dreamgym.config import ComputeConfig, ConfigError, EvaluationConfig, PipelineConfig
+from dreamgym.config import PipelineConfig
+from dreamgym.errors import ConfigError
 from dreamgym.evaluation import evaluate_policy
 from dreamgym.fanout import InProcess, evaluate_in_pieces
+from dreamgym.ops.config import ComputeConfig, EvaluationConfig
 from dreamgym.sharding import evaluation_shards, evaluation_unit, merge, split
 from flows.compute import compute_settings, ray_init_kwargs
 

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from dreamgym.config import RLConfig
 from dreamgym.envs.base import Task
 from dreamgym.policy.model import Decision
-from dreamgym.rl.grpo import GRPO, discounted_returns, group_advantages, step_advantages
+from dreamgym.rl.config import RLConfig
+from dreamgym.rl.grpo import GRPO, group_advantages
 from dreamgym.rl.loop import ENTROPY_FLOOR, collapse_warnings, episode_metrics
 from dreamgym.rl.losses import (
     clip_fraction,
@@ -291,67 +291,6 @@ def test_grpo_samples_with_score_reward():
         "prompt l/0": pytest.approx((-1.0, 1.0)),
     }
     assert GRPO(RLConfig(reward="outcome")).samples([high, low], None) == []
-
-
-def test_discounted_returns_hand_example():
-    # r = [0, 1, 0, 2], γ = 0.5: G3 = 2, G2 = 0 + 0.5·2 = 1, G1 = 1 + 0.5·1 = 1.5, G0 = 0.75
-    assert discounted_returns([0.0, 1.0, 0.0, 2.0], 0.5) == pytest.approx([0.75, 1.5, 1.0, 2.0])
-    assert discounted_returns([], 0.9) == []
-
-
-def test_step_advantages_compare_decisions_of_the_same_state_only():
-    # state s: returns 1, 0, 0.5 -> mean 0.5, std √(1/6) -> ±1.2247, 0; state t alone -> 0;
-    # state u: equal returns -> 0
-    anchors = ["s", "t", "s", "u", "s", "u"]
-    returns = [1.0, 3.0, 0.0, 0.2, 0.5, 0.2]
-    expected = [1.2247449, 0.0, -1.2247449, 0.0, 0.0, 0.0]
-    assert step_advantages(anchors, returns) == pytest.approx(expected, abs=1e-6)
-    with pytest.raises(ValueError, match="2 anchors but 1 returns"):
-        step_advantages(["s", "t"], [1.0])
-
-
-def test_grpo_step_advantages_blame_the_fatal_step_not_the_shared_start():
-    # Two rollouts of task A share their first state; in the second state one took the right
-    # action and won, the other the fatal one and lost. Episode advantages: +1 and -1 for every
-    # step. Step level (γ = 0.5, ω = 1): at the start the returns are 0.5 and 0 (both rollouts in
-    # the same state) -> +1 / -1 again; the second state is also shared -> +1 / -1.
-    config = RLConfig(reward="outcome", step_weight=1.0, gamma=0.5)
-    won = _episode("A", "won", 2, True)
-    lost = _episode("A", "lost", 2, False)
-    won.states, lost.states = ["start", "kitchen"], ["start", "kitchen"]
-    samples = _by_prompt(GRPO(config).samples([won, lost], None))
-    assert samples["prompt won/0"][0] == pytest.approx(2.0)
-    assert samples["prompt won/1"][0] == pytest.approx(2.0)
-    assert samples["prompt lost/1"][0] == pytest.approx(-2.0)
-    # States met by one rollout only add nothing: the episode advantage alone.
-    won.states, lost.states = ["a", "b"], ["c", "d"]
-    samples = _by_prompt(GRPO(config).samples([won, lost], None))
-    assert [samples[f"prompt won/{i}"][0] for i in (0, 1)] == pytest.approx([1.0, 1.0])
-    assert [samples[f"prompt lost/{i}"][0] for i in (0, 1)] == pytest.approx([-1.0, -1.0])
-
-
-def test_grpo_step_advantages_teach_where_episode_returns_are_equal():
-    # Both rollouts returned 0 (episode advantages 0), but from the shared state the one that
-    # scored first returns 1 - 0.5 = 0.5 (γ = 0.5), the other 0: a signal at that state only.
-    config = RLConfig(reward="score", step_weight=1.0, gamma=0.5)
-    took = Episode(
-        _task("A"),
-        [_decision("took/0"), _decision("took/1")],
-        states=["s", "x"],
-        rewards=[1.0, -1.0],
-        model_failures=[False, False],
-        terminated=True,
-    )
-    idle = Episode(
-        _task("A"),
-        [_decision("idle/0"), _decision("idle/1")],
-        states=["s", "y"],
-        rewards=[0.0, 0.0],
-        model_failures=[False, False],
-        terminated=True,
-    )
-    samples = _by_prompt(GRPO(config).samples([took, idle], None))
-    assert samples == {"prompt took/0": pytest.approx((1.0, 0.5)), "prompt idle/0": pytest.approx((-1.0, 0.5))}
 
 
 # --- PPO's GAE ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dreamgym.config import ValidationConfig
+from dreamgym.data.config import ValidationConfig
 from dreamgym.data.schema import (
     METADATA_KEY,
     NULLABLE_SCHEMA,

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from dreamgym.config import BufferConfig
+from dreamgym.buffer.config import BufferConfig
 from dreamgym.errors import DreamgymError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "sql"

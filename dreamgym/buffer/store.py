@@ -34,9 +34,9 @@ from psycopg import errors as pg_errors
 from sqlalchemy import text
 from tqdm import tqdm
 
+from dreamgym.buffer.config import BufferConfig
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import check_embeddings, lazy_embedder, transition_text
-from dreamgym.config import BufferConfig
 from dreamgym.data.contract import check_contract
 from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.errors import DreamgymError

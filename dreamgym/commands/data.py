@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from dreamgym.commands.common import ParamsOption, console, load
-from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED
+from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED
 
 
 def games(

@@ -37,7 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from dreamgym.config import POLICIES, PipelineConfig
+from dreamgym.config import PipelineConfig
+from dreamgym.data.config import POLICIES
 from dreamgym.data.games import list_games
 from dreamgym.data.schema import (
     MISTAKE_POLICY,

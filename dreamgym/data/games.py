@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dreamgym.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
+from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
 from dreamgym.envs.textworld_env import check_game_file
 from dreamgym.errors import DreamgymError
 

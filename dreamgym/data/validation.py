@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dreamgym.config import ValidationConfig
+from dreamgym.data.config import ValidationConfig
 from dreamgym.data.contract import hash_matches
 from dreamgym.data.schema import (
     CONTENT_FIELDS,

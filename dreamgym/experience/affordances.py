@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dreamgym.domain import NO_RULES, Domain
+from dreamgym.errors import DreamgymError
 from dreamgym.experience.format import NO_CHANGE, applied, state_delta
 from dreamgym.placeholders import Placeholders, carried_names
 from dreamgym.state import ITEM_SEPARATOR, AbstractState, format_item, item_name, parse_state
@@ -69,16 +70,6 @@ LEVELS = (
     (1, False, True),
     (2, False, True),
     (3, False, True),
-    (4, False, False),
-    (3, True, False),
-    (4, True, False),
-)
-# The levels of affordances saved without their levels (before 2026-11-29).
-LEGACY_LEVELS = (
-    (0, False, False),
-    (1, False, False),
-    (2, False, False),
-    (3, False, False),
     (4, False, False),
     (3, True, False),
     (4, True, False),
@@ -366,9 +357,14 @@ class Affordances:
     @classmethod
     def load(cls, path: str | Path) -> Affordances:
         data = json.loads(Path(path).read_text())
+        if "levels" not in data:
+            raise DreamgymError(
+                f"{path} was saved before 2026-11-29, without its levels: train the experience model again "
+                "with dreamgym run"
+            )
         # A vote's description starts with its level's index: into the levels it was saved with.
         now = {tuple(level): index for index, level in enumerate(LEVELS)}
-        index_now = [now.get(tuple(level)) for level in data.get("levels", LEGACY_LEVELS)]
+        index_now = [now.get(tuple(level)) for level in data["levels"]]
         votes = {}
         for description, counts in data["votes"]:
             if index_now[description[0]] is not None:
@@ -378,8 +374,8 @@ class Affordances:
             votes,
             {(template, slot): {_tupled(kind) for kind in kinds} for template, slot, kinds in data["slot_kinds"]},
             set(data["known_states"]),
-            data.get("returns", {}),  # saved before the ways back were learnt: none
-            {tuple(pair) for pair in data.get("precedes", ())},  # before the order was: appended
+            data["returns"],
+            {tuple(pair) for pair in data["precedes"]},
             {  # saved before the tasks' actions were learnt: none
                 action: (position, tuple(places)) for action, (position, places) in data.get("task_actions", {}).items()
             },

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import httpx
 
-from dreamgym.config import ExperienceConfig
 from dreamgym.errors import DreamgymError
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.format import format_number
 from dreamgym.state import AbstractState, format_state, item_name
 

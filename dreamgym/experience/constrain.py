@@ -16,13 +16,10 @@ repeated item is masked, so the model must write a different item or go on with 
 A next state may also name a worked example (`same as example i`, experience.copy_examples); the
 model sometimes names one whose change does not fit this state (it removes what the state lacks).
 While the next state's first line heads for a reference, only the examples whose change applies to
-the current state may be named; when none applies, the model must write the change out. And with
-`examples_first` (experience.examples_first, off by default), while one does apply the first line
-is a reference that fits or `no change`: a change is written out only where no example's change
-fits. On games of other settings than its data, the changes the tiny model wrote out where one fit
-were all wrong (0 of 102 foreseeable steps of a shifted set, 2026-11-28), where its first example
-was right half the time; but in the dream of a tiny model trained on the very game it dreams, GRPO
-lowered the real score with the rule and raised it without (tests/test_rl.py, one seed).
+the current state may be named; when none applies, the model must write the change out. Where one
+applies, the model may still write a change out: a rule that held it to a fitting reference or `no
+change` there (`examples_first`, 2026-11-28) lowered the real score of GRPO in the dream of a tiny
+model trained on the very game it dreams, and was removed (off, as it always ran).
 
 The model writes its reasoning first, and a long next state in between sometimes makes it forget
 what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
@@ -245,8 +242,7 @@ class DeltaConstraint:
     `stated`: the reward and done follow the reasoning (a model trained on `describe_change`
     traces), or the trace of the example it names (`traces`: `format.example_traces`, per
     prompt). `reasoning`: the completions open with a reasoning section; `greedy`: the batch is
-    decoded greedily (the format rule then keeps only the best token that fits); `examples_first`:
-    where an example's change fits, the next state names one or is `no change`."""
+    decoded greedily (the format rule then keeps only the best token that fits)."""
 
     def __init__(
         self,
@@ -258,10 +254,8 @@ class DeltaConstraint:
         traces: Sequence[Sequence[str | None]] | None = None,
         reasoning: bool = True,
         greedy: bool = True,
-        examples_first: bool = False,
     ):
         self.states, self.prompt_length, self.stated = list(states), prompt_length, stated
-        self.examples_first = examples_first
         self.greedy = greedy
         examples = examples if examples is not None else [()] * len(self.states)
         self.traces = traces if traces is not None else [()] * len(self.states)
@@ -430,15 +424,9 @@ class DeltaConstraint:
             _keep_only(scores, row, heading)
 
     def _constrain_reference(self, row: int, scores: torch.FloatTensor) -> None:
-        """Mask the tokens that would take the first line towards a reference that does not fit
-        (and, `examples_first`, where one fits, towards anything but such a reference or `no change`)."""
+        """Mask the tokens that would take the first line towards a reference that does not fit."""
         written = _reference_line(self.generated[row])
         endings = self.references[row]
-        if written is not None and self.examples_first and endings:
-            allowed = self._tokens_toward(written, [*endings, f"{NO_CHANGE}\n"], scores.shape[1])
-            if allowed:  # it went its own way before the rule could act: the parser reads it
-                _keep_only(scores, row, allowed | self.vocabulary.silent)
-            return
         if written is None or (written and not _heads_for_reference(written)):
             return
         if len(written) >= len(_REFERENCE):  # every token now goes on with a reference: keep those that fit

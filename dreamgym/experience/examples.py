@@ -33,7 +33,6 @@ from tqdm import tqdm
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, stored_trajectories, task_instructions
-from dreamgym.config import ExperienceConfig
 from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
 from dreamgym.experience.affordances import (
@@ -45,6 +44,7 @@ from dreamgym.experience.affordances import (
     template_of,
 )
 from dreamgym.experience.annotate import Annotator, describe_change
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.format import (
     Worked,
     applied,

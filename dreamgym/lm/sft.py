@@ -45,7 +45,6 @@ from transformers import (
     TrainerCallback,
 )
 
-from dreamgym.config import config_part
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import (
     FROM_SCRATCH,
@@ -56,6 +55,7 @@ from dreamgym.lm.model import (
     save_model,
     train_tokenizer,
 )
+from dreamgym.sections import config_part
 
 if TYPE_CHECKING:
     from trl import SFTConfig, SFTTrainer

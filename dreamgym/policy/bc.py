@@ -63,13 +63,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dreamgym.config import PolicyConfig
 from dreamgym.data.schema import MISTAKE_POLICY
 from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import FROM_SCRATCH, deterministic_kernels, init_model, load_pretrained, train_tokenizer
 from dreamgym.lm.sft import RESULT_FILE, TrainResult, claim_run_directory, train_sft, training_settings
 from dreamgym.placeholders import kept_names
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Policy, action_completion, save_settings
 from dreamgym.policy.view import policy_input
 

@@ -37,11 +37,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dreamgym.config import PolicyConfig, config_part
 from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_model
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.view import PolicyInput, policy_input
+from dreamgym.sections import config_part
 
 SETTINGS_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.pt"

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from dreamgym.config import RLConfig, config_to_dict
+from dreamgym.config import config_to_dict
 from dreamgym.curriculum import Curriculum
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.dream_env import DreamEnv
@@ -45,6 +45,7 @@ from dreamgym.lm.model import deterministic_kernels
 from dreamgym.lm.sft import claim_run_directory, progress_bars
 from dreamgym.policy.model import Policy, load_policy
 from dreamgym.rl.common import Sample
+from dreamgym.rl.config import RLConfig
 from dreamgym.rl.grpo import GRPO
 from dreamgym.rl.monitor import RealCheck, gap_metrics, gap_warning
 from dreamgym.rl.ppo import PPO

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import torch
 
-from dreamgym.config import RLConfig
 from dreamgym.policy.model import Observation, Policy
 from dreamgym.rl.common import Sample, policy_terms
+from dreamgym.rl.config import RLConfig
 from dreamgym.rl.losses import clip_fraction, clipped_surrogate, clipped_value_loss, normalise
 from dreamgym.rl.rollout import Episode
 

@@ -43,7 +43,6 @@ class Episode:
 
     task: Task
     decisions: list[Decision] = field(default_factory=list)
-    states: list[str] = field(default_factory=list)  # the state each decision was taken in
     rewards: list[float] = field(default_factory=list)  # the environment's step rewards
     model_failures: list[bool] = field(default_factory=list)  # DreamEnv steps whose prediction failed
     won: bool = False
@@ -130,7 +129,6 @@ def play(
         for i, decision, (state, reward, terminated, truncated, info) in zip(running, decisions, results):
             episode = episodes[i]
             episode.decisions.append(decision)
-            episode.states.append(states[i])
             episode.rewards.append(float(reward))
             episode.model_failures.append(bool(info.get("model_failure")))
             episode.terminated, episode.truncated, episode.won = terminated, truncated, bool(info["won"])
