@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dreamgym.benchmark import machine  # noqa: F401 - the benchmarks' machine record
 from dreamgym.config import PipelineConfig, load_config
-from dreamgym.registry import resolve_model
-from dreamgym.tracking import configure_services
+from dreamgym.ops.benchmark import machine  # noqa: F401 - the benchmarks' machine record
+from dreamgym.ops.registry import resolve_model
+from dreamgym.ops.tracking import configure_services
 
 
 @dataclass(frozen=True)

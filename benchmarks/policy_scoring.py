@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from dreamgym.benchmark import machine
 from dreamgym.config import load_config
 from dreamgym.data.schema import read_transitions
+from dreamgym.ops.benchmark import machine
 from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names
 from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Observation

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from dreamgym.benchmark import machine
 from dreamgym.config import load_config
 from dreamgym.data.games import game_setting
 from dreamgym.envs.dynamics import Query
@@ -48,6 +47,7 @@ from dreamgym.experience.generate import (
     trained_kept_names,
     trained_settings,
 )
+from dreamgym.ops.benchmark import machine
 
 EXAMPLES = "examples.parquet"
 SETS = "sets"

@@ -63,8 +63,8 @@ def run(
 ) -> None:
     """The main job: the whole pipeline on the configured (by default embedded) services."""
     config = _config(params)  # a bad parameter file is reported before any service starts
-    from dreamgym.preflight import check_servers
-    from dreamgym.tracking import configure_services, ui_addresses
+    from dreamgym.ops.preflight import check_servers
+    from dreamgym.ops.tracking import configure_services, ui_addresses
 
     services = configure_services(params.resolve().parent / config.paths.run_dir)
     check_servers()  # a shared server that is down: one error now, not a traceback minutes in
@@ -90,10 +90,10 @@ def lineage(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """The chain behind a model version: its run, the experience model, the data, the config."""
-    from dreamgym.lineage import as_json as chain_json
-    from dreamgym.lineage import as_tree
-    from dreamgym.lineage import lineage as walk
-    from dreamgym.tracking import configure_services
+    from dreamgym.ops.lineage import as_json as chain_json
+    from dreamgym.ops.lineage import as_tree
+    from dreamgym.ops.lineage import lineage as walk
+    from dreamgym.ops.tracking import configure_services
 
     config = _config(params)
     configure_services(params.resolve().parent / config.paths.run_dir)
@@ -135,9 +135,9 @@ def bench(
     ] = 100,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
-    """The paper's regimes and ablations on the same data and held-out games (dreamgym/benchmark.py)."""
-    from dreamgym.benchmark import bench_plan, check_targets, markdown
-    from dreamgym.tracking import configure_services
+    """The paper's regimes and ablations on the same data and held-out games (dreamgym/ops/benchmark.py)."""
+    from dreamgym.ops.benchmark import bench_plan, check_targets, markdown
+    from dreamgym.ops.tracking import configure_services
 
     config = _config(params)
     try:
@@ -146,7 +146,7 @@ def bench(
         raise DreamgymError(f"--seeds {seeds!r}: give whole numbers separated by commas, e.g. 0,1,2") from None
     row_names = [name.strip() for name in rows.split(",")] if rows else None
     bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
-    from dreamgym.preflight import check_servers
+    from dreamgym.ops.preflight import check_servers
 
     configure_services(params.resolve().parent / config.paths.run_dir)
     check_servers()
@@ -163,8 +163,8 @@ def results(
     ),
     check: Annotated[bool, typer.Option(help="Write nothing; exit 1 if the table is out of date.")] = False,
 ) -> None:
-    """Regenerate the README's results table from the bench files it names (dreamgym/results.py)."""
-    from dreamgym.results import refresh_readme
+    """Regenerate the README's results table from the bench files it names (dreamgym/ops/results.py)."""
+    from dreamgym.ops.results import refresh_readme
 
     changed = refresh_readme(readme, check=check)
     state = ("out of date" if check else "regenerated") if changed else "up to date"
@@ -223,7 +223,7 @@ def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
     seed and budget), and measure no model (the top neighbour's change copied); writes
     outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
     config = _config(params)
-    from dreamgym.tracking import configure_services
+    from dreamgym.ops.tracking import configure_services
 
     configure_services(params.resolve().parent / config.paths.run_dir)
     result = _start_flow(ABLATION, str(params))
@@ -296,8 +296,8 @@ def promote(
 ) -> None:
     """Make a policy version champion if it beats the champion (or BC) on the held-out games by
     more than promotion.margin, significantly (promotion.alpha); record the decision on it."""
-    from dreamgym.promotion import describe, promote_version
-    from dreamgym.tracking import configure_services
+    from dreamgym.ops.promotion import describe, promote_version
+    from dreamgym.ops.tracking import configure_services
 
     config = _config(params)
     project = params.resolve().parent
@@ -318,8 +318,8 @@ def serve(
     """Serve a deployment of prefect.yaml from this machine, on its schedule and with its
     parameters (no work pool or worker). Uses the Prefect server PREFECT_API_URL names, else starts
     one here (the temporary one has no scheduler) with its UI at http://127.0.0.1:PORT."""
-    from dreamgym.schedule import serve_deployment
-    from dreamgym.tracking import configure_services
+    from dreamgym.ops.schedule import serve_deployment
+    from dreamgym.ops.tracking import configure_services
 
     config = _config(params)
     project = params.resolve().parent
@@ -335,7 +335,7 @@ def deploy(
     """Register a deployment of prefect.yaml on the Prefect server PREFECT_API_URL names (what
     `prefect deploy --name NAME` does; that command fails in Prefect 3.8.8 here). The work pool's
     worker then runs it on its schedule, or now with `prefect deployment run`."""
-    from dreamgym.schedule import deploy as register
+    from dreamgym.ops.schedule import deploy as register
 
     console.print(register(params.resolve().parent, name), markup=False)
 

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 EPISODE_COLUMNS = ("game", "task_id", "episode", "won", "truncated", "return", "steps", "actions")
 ACTION_SEPARATOR = " | "
 # Episodes played side by side. Greedy results depend on it only through the batches' float sums,
-# so shards of one evaluation are cut at its multiples (dreamgym/sharding.py).
+# so shards of one evaluation are cut at its multiples (dreamgym/ops/sharding.py).
 BATCH = 16
 
 
@@ -292,9 +292,9 @@ def evaluate_reference(
     held-out games of `games_dir`, in a `policy-eval` MLflow run that logs the report written to
     `json_out` (and its per-episode table). Bad input (no games, no such policy folder, a damaged
     game) is reported before the run is opened."""
+    from dreamgym.ops.registry import resolve_model
+    from dreamgym.ops.tracking import configure_services, stage_run
     from dreamgym.policy.model import load_policy
-    from dreamgym.registry import resolve_model
-    from dreamgym.tracking import configure_services, stage_run
 
     settings = config.evaluation
     run_dir = project / config.paths.run_dir
@@ -342,8 +342,8 @@ def evaluate_experience_model(
     from dreamgym.data.collect import collect_held_out
     from dreamgym.data.games import game_setting
     from dreamgym.experience.report import FidelityRun, measure_fidelity
-    from dreamgym.registry import resolve_model
-    from dreamgym.tracking import configure_services, stage_run
+    from dreamgym.ops.registry import resolve_model
+    from dreamgym.ops.tracking import configure_services, stage_run
 
     run_dir = project / config.paths.run_dir
     if not games_dir.is_dir():

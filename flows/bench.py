@@ -1,7 +1,7 @@
 """`dreamgym bench`: the paper's three regimes and ablations, trained and evaluated alike.
 
 One MLflow parent run; the offline data is made once (ingest) and every row runs the experience
-and policy flows with its overrides (dreamgym/benchmark.py), evaluated on the same held-out games.
+and policy flows with its overrides (dreamgym/ops/benchmark.py), evaluated on the same held-out games.
 The flows' task cache shares what rows have in common: the experience model is trained once for
 every row that does not ablate it, BC once for all. Models are not registered: a benchmark does
 not compete for promotion.
@@ -19,11 +19,11 @@ import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from dreamgym.benchmark import bench_plan, check_targets, machine, markdown, plot, row_result
 from dreamgym.config import config_to_dict, flatten, load_config
 from dreamgym.data.games import list_games
 from dreamgym.errors import DreamgymError
-from dreamgym.tracking import configure_services, stage_run
+from dreamgym.ops.benchmark import bench_plan, check_targets, machine, markdown, plot, row_result
+from dreamgym.ops.tracking import configure_services, stage_run
 from flows.ingest import ingest
 from flows.train_experience import train_experience
 from flows.train_policy import train_policy

@@ -4,7 +4,7 @@
 process with its own threads or worker processes, and Ray is never started. With `ray` (or the
 environment variable DREAMGYM_RAY_ADDRESS set) the pipeline's flows get prefect-ray's
 `RayTaskRunner`, and a stage task that fans out cuts its work into pieces
-(dreamgym/fanout.py), each piece a Prefect task that a Ray worker runs; the pieces' results are
+(dreamgym/ops/fanout.py), each piece a Prefect task that a Ray worker runs; the pieces' results are
 put back in order, so the stage returns what it returns locally. A stage task decides by the
 task runner its flow actually has (`fanout`), so a flow started without the switch runs locally.
 
@@ -150,13 +150,13 @@ def ray_cluster(compute: ComputeConfig) -> Iterator[None]:
 
 @task(cache_policy=NO_CACHE, persist_result=False)
 def piece_task(fn: Callable[..., Any], call: dict[str, Any]) -> Any:
-    """One piece of a stage (a module-level function of dreamgym/fanout.py and its arguments)."""
+    """One piece of a stage (a module-level function of dreamgym/ops/fanout.py and its arguments)."""
     return fn(**call)
 
 
 @dataclass(frozen=True)
 class PrefectFanout:
-    """dreamgym/fanout.py's `Fanout` as Prefect tasks on the flow's task runner."""
+    """dreamgym/ops/fanout.py's `Fanout` as Prefect tasks on the flow's task runner."""
 
     width: int
 

@@ -36,8 +36,8 @@ from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.errors import DreamgymError
-from dreamgym.fanout import collect_in_pieces, generate_in_pieces
-from dreamgym.tracking import stage_run
+from dreamgym.ops.fanout import collect_in_pieces, generate_in_pieces
+from dreamgym.ops.tracking import stage_run
 from flows.caching import Stages, stage_key
 from flows.compute import fanout
 

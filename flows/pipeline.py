@@ -30,9 +30,9 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from dreamgym.config import PipelineConfig, config_to_dict, load_config
 from dreamgym.data.versioning import commit_stage, dvc_stage_params
 from dreamgym.errors import DreamgymError
-from dreamgym.preflight import check_servers
-from dreamgym.promotion import POLICY_MODEL_NAME, Decision, crown_first, gate, held_out_evaluator
-from dreamgym.tracking import configure_services, stage_run
+from dreamgym.ops.preflight import check_servers
+from dreamgym.ops.promotion import POLICY_MODEL_NAME, Decision, crown_first, gate, held_out_evaluator
+from dreamgym.ops.tracking import configure_services, stage_run
 from flows.caching import stage_key
 from flows.compute import compute_settings, on_compute, ray_cluster
 from flows.ingest import IngestResult, ingest, log_dataset, markdown_table

@@ -39,12 +39,12 @@ from dreamgym.experience.generate import save_settings
 from dreamgym.experience.report import measure_fidelity
 from dreamgym.experience.rerank import RANKING_VERSION
 from dreamgym.experience.variations import variation_examples
-from dreamgym.fanout import collect_in_pieces
 from dreamgym.lm.sft import TrainResult, plot_losses, train_sft
+from dreamgym.ops.fanout import collect_in_pieces
+from dreamgym.ops.registry import register_model_dir
+from dreamgym.ops.tracking import stage_run
 from dreamgym.placeholders import kept_names
-from dreamgym.registry import register_model_dir
 from dreamgym.sections import config_part
-from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
 from flows.compute import fanout
 from flows.ingest import IngestResult, ingest, log_dataset, markdown_table

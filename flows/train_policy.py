@@ -38,17 +38,17 @@ from dreamgym.evaluation import (
     write_report,
 )
 from dreamgym.experience.variations import dream_curriculum, seed_tasks
-from dreamgym.fanout import evaluate_in_pieces
+from dreamgym.ops.fanout import evaluate_in_pieces
+from dreamgym.ops.promotion import POLICY_MODEL_NAME as MODEL_NAME
+from dreamgym.ops.promotion import evaluation_tags, set_challenger
+from dreamgym.ops.registry import register_model_dir
+from dreamgym.ops.tracking import stage_run
 from dreamgym.policy.bc import bc_examples, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 from dreamgym.policy.report import plot_learning_curves, plot_success
-from dreamgym.promotion import POLICY_MODEL_NAME as MODEL_NAME
-from dreamgym.promotion import evaluation_tags, set_challenger
-from dreamgym.registry import register_model_dir
 from dreamgym.rl.config import RLConfig
 from dreamgym.rl.loop import RLResult, train_rl
 from dreamgym.rl.monitor import RealCheck
-from dreamgym.tracking import stage_run
 from flows.caching import Stages, stage_key
 from flows.compute import fanout
 from flows.ingest import IngestResult, log_dataset, markdown_table

@@ -6,8 +6,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
-from dreamgym.benchmark import bench_plan, check_targets
 from dreamgym.errors import DreamgymError
+from dreamgym.ops.benchmark import bench_plan, check_targets
 
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 ROWS = ["bc", "real-grpo", "dreamgym-grpo", "dreamgym-s2r-grpo", "no-retrieval"]
@@ -138,7 +138,7 @@ def test_plan_and_targets():
 
 
 def test_the_readme_table_pools_seeds_and_compares_each_with_its_own_bc(tmp_path):
-    from dreamgym.results import policy_lines, refresh_readme
+    from dreamgym.ops.results import policy_lines, refresh_readme
 
     def row(name, seed, wins, synthetic=0):
         machine = {"date": f"2026-12-0{seed + 1}T10:00:00+00:00", "device": "cpu", "cpus": 2}

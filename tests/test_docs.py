@@ -97,7 +97,7 @@ def test_the_cli_starts_flows_that_exist():
 
 
 def test_the_readme_s_tables_read_at_a_glance_and_its_results_are_generated():
-    from dreamgym.results import refresh_readme
+    from dreamgym.ops.results import refresh_readme
 
     readme = (REPO / "README.md").read_text()
     cells = [cell for line in readme.splitlines() if line.startswith("|") for cell in line.strip("|").split("|")]

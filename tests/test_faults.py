@@ -273,7 +273,7 @@ def test_eval_on_a_damaged_game_stops_before_opening_a_run(train_games, tmp_path
 def test_model_references_that_name_nothing_say_what_to_write(mlflow_tracking):
     import mlflow
 
-    from dreamgym.registry import model_version
+    from dreamgym.ops.registry import model_version
 
     client = mlflow.MlflowClient()
     with pytest.raises(
@@ -313,7 +313,7 @@ def test_two_commands_starting_at_once_on_a_new_run_directory_both_get_the_track
     """MLflow creates its SQLite schema on first use; two processes doing it at once failed with
     "duplicate column name" (10 of 12 processes, measured before the fix)."""
     code = (
-        "import sys, mlflow; from dreamgym.tracking import configure_services, experiment_id; "
+        "import sys, mlflow; from dreamgym.ops.tracking import configure_services, experiment_id; "
         "configure_services(sys.argv[1]); experiment_id('dreamgym', sys.argv[1])"
     )  # as every command starts
     environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}

@@ -188,7 +188,7 @@ def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, p
     assert {"experience/loss.png", "experience/fidelity_summary.json", "experience/fidelity_open_loop.png"} <= artifacts
     # The registered model is a complete model folder that loads.
     from dreamgym.lm.model import load_model
-    from dreamgym.registry import resolve_model
+    from dreamgym.ops.registry import resolve_model
 
     model_dir, label = resolve_model(MODEL_NAME, project / "models-cache")
     assert label == f"models:/{MODEL_NAME}/1"

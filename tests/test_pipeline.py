@@ -69,7 +69,7 @@ def _buffer_rows(project: Path) -> int:
 
 
 def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server, mlflow_tracking):
-    from dreamgym.lineage import lineage
+    from dreamgym.ops.lineage import lineage
     from flows.pipeline import pipeline
 
     params = str(project / "params.yaml")

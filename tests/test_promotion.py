@@ -11,7 +11,7 @@ import pytest
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import eval_set_id
 from dreamgym.ops.config import PromotionConfig
-from dreamgym.promotion import (
+from dreamgym.ops.promotion import (
     BC_LABEL,
     CHAMPION_ALIAS,
     Decision,
@@ -239,8 +239,8 @@ def register(tmp_path: Path, key: str, **tags: int | str) -> str:
     """A policy version as the pipeline registers it (a small model folder, `tags`), made challenger."""
     import mlflow
 
-    from dreamgym.registry import register_model_dir
-    from dreamgym.tracking import experiment_id
+    from dreamgym.ops.registry import register_model_dir
+    from dreamgym.ops.tracking import experiment_id
 
     folder = tmp_path / key
     folder.mkdir()

@@ -17,9 +17,9 @@ from test_evaluation import policy, policy_dir  # noqa: F401
 from dreamgym.config import PipelineConfig
 from dreamgym.errors import ConfigError
 from dreamgym.evaluation import evaluate_policy
-from dreamgym.fanout import InProcess, evaluate_in_pieces
 from dreamgym.ops.config import ComputeConfig, EvaluationConfig
-from dreamgym.sharding import evaluation_shards, evaluation_unit, merge, split
+from dreamgym.ops.fanout import InProcess, evaluate_in_pieces
+from dreamgym.ops.sharding import evaluation_shards, evaluation_unit, merge, split
 from flows.compute import compute_settings, ray_init_kwargs
 
 # 16 greedy episodes per game fill one batch of 16 (evaluation.BATCH), so an evaluation can be cut

@@ -14,7 +14,7 @@ import yaml
 from conftest import free_ports
 
 from dreamgym.errors import DreamgymError
-from dreamgym.schedule import DeploymentSpec, deployment_options, load_deployment, load_flow
+from dreamgym.ops.schedule import DeploymentSpec, deployment_options, load_deployment, load_flow
 
 REPO = Path(__file__).resolve().parents[1]
 UNREACHABLE_API = "http://127.0.0.1:9/api"  # the discard port: any API call fails at once
@@ -79,8 +79,8 @@ def test_prefect_reads_the_same_deployment(spec):
     assert (schedule.cron, schedule.timezone) == (spec.cron, spec.timezone)
     assert (deployment.work_pool.name, deployment.work_pool.work_queue_name) == (spec.work_pool, spec.work_queue)
     # The pool's type is fixed when it is created: by the team stack's worker (`--pool P --type T`).
-    from dreamgym.stack.services import PREFECT_WORKER, stack_services
-    from dreamgym.stack.settings import Secret, StackSettings
+    from dreamgym.ops.stack.services import PREFECT_WORKER, stack_services
+    from dreamgym.ops.stack.settings import Secret, StackSettings
 
     settings = StackSettings(*(Secret("x") for _ in range(4)))
     [worker] = [s for s in stack_services(settings, REPO, REPO) if s.name == PREFECT_WORKER]
@@ -284,7 +284,7 @@ def test_serve_without_a_server_starts_one_with_a_scheduler_and_stops_it(restore
     from typer.testing import CliRunner
 
     from dreamgym.cli import app
-    from dreamgym.schedule import _healthy
+    from dreamgym.ops.schedule import _healthy
 
     [port] = free_ports()
     seen = {}

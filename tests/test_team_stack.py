@@ -60,8 +60,8 @@ def _write_overrides(params: Path, overrides: dict) -> None:
 @pytest.fixture(scope="module")
 def team(tmp_path_factory, train_games, test_games, task_games):
     """The stack up on free ports, with a Ray head and a worker serving checkout A; torn down afterwards."""
-    from dreamgym.stack.processes import Stack
-    from dreamgym.stack.settings import load_settings
+    from dreamgym.ops.stack.processes import Stack
+    from dreamgym.ops.stack.settings import load_settings
 
     root = tmp_path_factory.mktemp("team")
     env_file = root / "team.env"
@@ -190,7 +190,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     assert [v.version for v in client.search_model_versions("name = 'dreamgym-experience'")] == ["1"]
     # Artifacts went up through the server into its artifact store, and come back down.
     assert parent.info.artifact_uri.startswith("mlflow-artifacts:")
-    from dreamgym.lineage import lineage
+    from dreamgym.ops.lineage import lineage
 
     mlflow.set_tracking_uri(tracking)
     try:
@@ -281,8 +281,8 @@ def test_the_compose_file_runs_what_the_process_stack_runs():
 
     from dotenv import dotenv_values
 
-    from dreamgym.stack.services import POSTGRES, RAY, stack_services
-    from dreamgym.stack.settings import Secret, StackSettings
+    from dreamgym.ops.stack.services import POSTGRES, RAY, stack_services
+    from dreamgym.ops.stack.settings import Secret, StackSettings
 
     compose_text = (ROOT / "infra" / "docker-compose.yml").read_text()
     compose = yaml.safe_load(compose_text)["services"]
@@ -343,7 +343,7 @@ def test_a_server_that_is_down_at_start_is_named_in_one_error(tmp_path):
 
 
 def test_stack_settings_refuse_what_would_break_the_stack(tmp_path):
-    from dreamgym.stack.settings import StackConfigError, load_settings
+    from dreamgym.ops.stack.settings import StackConfigError, load_settings
 
     with pytest.raises(StackConfigError, match=r"copy infra/.env.example"):
         load_settings(tmp_path / "missing.env")

@@ -1,4 +1,4 @@
-"""`dreamgym stack ...`: the team stack as local processes (dreamgym/stack/)."""
+"""`dreamgym stack ...`: the team stack as local processes (dreamgym/ops/stack/)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ StackDirOption = Annotated[Path, typer.Option("--dir", help="The stack's folder:
 
 
 def _stack(env_file: Path, stack_dir: Path, project: Path = Path("."), ray: bool = False, ray_cpus: int | None = None):
-    from dreamgym.stack.processes import Stack, recorded_services
-    from dreamgym.stack.services import RAY
-    from dreamgym.stack.settings import load_settings
+    from dreamgym.ops.stack.processes import Stack, recorded_services
+    from dreamgym.ops.stack.services import RAY
+    from dreamgym.ops.stack.settings import load_settings
 
     with_ray = ray or RAY in recorded_services(stack_dir)
     return Stack(stack_dir, load_settings(env_file), project, with_ray=with_ray, ray_cpus=ray_cpus)

@@ -1,2 +1,3 @@
-"""Operations of the pipeline. For now the config of evaluation, promotion and compute
-(`config.py`); their code (`dreamgym/evaluation.py`, `promotion.py`, `fanout.py`) may move here."""
+"""Operations: running, tracking and shipping the learning code — the MLflow registry, the
+promotion gate and lineage, service defaults and preflight checks, the nightly schedule, fan-out
+on Ray, the bench and its README table, and the team stack."""

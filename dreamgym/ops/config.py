@@ -1,6 +1,6 @@
 """The sections of `params.yaml` that run and judge the pipeline's work: real held-out evaluation
-(`dreamgym/evaluation.py`), the promotion gate (`dreamgym/promotion.py`) and where the work that fans
-out runs (`dreamgym/fanout.py`, `flows/compute.py`)."""
+(`dreamgym/evaluation.py`), the promotion gate (`dreamgym/ops/promotion.py`) and where the work that fans
+out runs (`dreamgym/ops/fanout.py`, `flows/compute.py`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class EvaluationConfig:
 
 @dataclass(config=STRICT)
 class PromotionConfig:
-    """The gate a new policy version passes to become `champion` (dreamgym/promotion.py)."""
+    """The gate a new policy version passes to become `champion` (dreamgym/ops/promotion.py)."""
 
     margin: Annotated[
         float,

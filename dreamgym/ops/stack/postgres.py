@@ -12,10 +12,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from dreamgym.stack.services import postgres_bin_dir
-from dreamgym.stack.settings import StackConfigError, StackSettings
+from dreamgym.ops.stack.services import postgres_bin_dir
+from dreamgym.ops.stack.settings import StackConfigError, StackSettings
 
-INIT_SCRIPT = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "init.sh"
+INIT_SCRIPT = Path(__file__).resolve().parents[3] / "infra" / "postgres" / "init.sh"
 
 
 # The system user the wheel itself runs Postgres as under root (its PostgresServer): one user for

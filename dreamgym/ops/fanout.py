@@ -2,7 +2,7 @@
 collection, real-environment evaluation.
 
 Each `*_in_pieces` function makes what its one-process counterpart makes (`generate_games`,
-`collect`, `evaluate_policy`), from the same inputs: it cuts the work with `dreamgym.sharding`,
+`collect`, `evaluate_policy`), from the same inputs: it cuts the work with `dreamgym.ops.sharding`,
 hands the pieces to a `Fanout` (flows/compute.py runs them as Prefect tasks on Ray workers) and
 puts their results back in order. A piece is a module-level function of plain, small arguments
 (paths, settings) returning small values (paths, records): a worker on another machine loads the
@@ -29,8 +29,8 @@ from dreamgym.data.schema import read_transitions, to_table, write_transitions
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import BATCH, EvaluationReport, evaluate_policy
 from dreamgym.evaluation import summarize as summarize_episodes
+from dreamgym.ops.sharding import evaluation_shards, merge, split
 from dreamgym.policy.model import load_policy
-from dreamgym.sharding import evaluation_shards, merge, split
 
 R = TypeVar("R")
 
@@ -144,7 +144,7 @@ def evaluate_in_pieces(
 ) -> EvaluationReport:
     """`evaluate_policy(load_policy(policy_dir), ...)` in shards: the same records in the same
     order, so the same summary. Greedy evaluations are cut at batch boundaries; a sampled one is
-    one piece (dreamgym/sharding.py says why)."""
+    one piece (dreamgym/ops/sharding.py says why)."""
     if not games:
         raise DreamgymError("no games to evaluate on; generate held-out games with `dreamgym games --split test`")
     shards = evaluation_shards([str(game) for game in games], fanout.width, episodes_per_game, BATCH, greedy)

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dreamgym.stack.settings import StackSettings
+from dreamgym.ops.stack.settings import StackSettings
 
 POSTGRES = "postgres"
 MLFLOW = "mlflow"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dreamgym.registry import RegistryError, model_version
+from dreamgym.ops.registry import RegistryError, model_version
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 
 from dreamgym.errors import DreamgymError
-from dreamgym.stack import postgres
-from dreamgym.stack.services import (
+from dreamgym.ops.stack import postgres
+from dreamgym.ops.stack.services import (
     ORDER,
     POSTGRES,
     PREFECT_WORKER,
@@ -41,7 +41,7 @@ from dreamgym.stack.services import (
     prefect_api_url,
     stack_services,
 )
-from dreamgym.stack.settings import StackSettings
+from dreamgym.ops.stack.settings import StackSettings
 
 STATE_FILE = "stack.json"
 CLIENT_ENV = "client.env"

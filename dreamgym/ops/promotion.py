@@ -430,8 +430,8 @@ def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Calla
     def evaluate(reference: str) -> Score:
         from dreamgym.data.games import target_folder
         from dreamgym.evaluation import current_eval_set, evaluate_held_out, held_out_games
+        from dreamgym.ops.registry import resolve_model
         from dreamgym.policy.model import load_policy
-        from dreamgym.registry import resolve_model
 
         # The gate's held-out games: those of games.target (`test-headroom` for the headroom preset).
         games_dir = Path(project_dir) / config.paths.data_dir / "games" / target_folder("test", config.games)

@@ -3,7 +3,7 @@
 `prefect.yaml` is the one copy of the schedule and its parameters: `prefect deploy` reads it for a
 work pool, and `dreamgym serve` reads it here to serve the same flow locally, so the two cannot
 drift. Prefect is imported inside the functions only (it reads its settings at import: call
-`dreamgym.tracking.configure_services` first).
+`dreamgym.ops.tracking.configure_services` first).
 """
 
 from __future__ import annotations
