@@ -10,9 +10,8 @@ project's collected data and with its `policy` settings (a fresh, untrained mode
     .venv/bin/python benchmarks/policy_scoring.py --data data/trajectories/offline.parquet \
         --repeats 5 --json benchmarks/results/policy-scoring-DATE.json
 
-Medians of `--repeats` timings, each over `--steps` steps after one warm-up step. Run it with the
-library of another checkout (its own .venv, that checkout as the working directory) to compare.
-A measurement, not a test: the machine is shared and noisy.
+Medians of `--repeats` timings, each over `--steps` steps after one warm-up step. To compare
+checkouts, run it in each (its own .venv, that checkout as the working directory).
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ class WallClock(TrainerCallback):
 
 
 def run(args: argparse.Namespace) -> None:
-    from dreamgym.experience import generate
+    from dreamgym.experience import decoding, generate
     from dreamgym.lm.model import load_model
     from dreamgym.lm.sft import train_sft
 
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> None:
     deadline = started + args.deadline_seconds
     # Settings measured against each other on a GPU (chosen on 2 CPU cores)
     generate.CACHE = args.cache or generate.CACHE
-    generate.VERIFY_CHUNK = args.verify_chunk or generate.VERIFY_CHUNK
+    decoding.VERIFY_CHUNK = args.verify_chunk or decoding.VERIFY_CHUNK
     config = load_config(args.params)
     report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), "args": _plain(args)}
     bundle = args.bundle
@@ -397,7 +397,7 @@ def main() -> None:
     on.add_argument(
         "--verify-chunk",
         type=int,
-        help="prompts per forward pass of the drafts' check [default: generate.VERIFY_CHUNK]",
+        help="prompts per forward pass of the drafts' check [default: decoding.VERIFY_CHUNK]",
     )
     on.add_argument(
         "--deadline-seconds", type=float, default=480.0, help="no set or speed measurement is started after this"

@@ -16,19 +16,14 @@ import pytest
 import torch
 from conftest import TINY_EXPERIENCE as TINY  # the tiny model that knows the first episode by heart
 
-import dreamgym.experience.generate as generate_module
+import dreamgym.experience.remote as remote_module
 from dreamgym.config import PipelineConfig
 from dreamgym.envs.dynamics import Query
 from dreamgym.experience.config import ExperienceConfig
+from dreamgym.experience.decoding import STOP, sample_seed
 from dreamgym.experience.examples import history_of
-from dreamgym.experience.generate import (
-    STOP,
-    ExperienceBackendError,
-    ExperienceModel,
-    RemoteExperienceModel,
-    open_experience_model,
-    sample_seed,
-)
+from dreamgym.experience.generate import ExperienceBackendError, ExperienceModel, open_experience_model
+from dreamgym.experience.remote import RemoteExperienceModel
 from dreamgym.lm.model import load_model
 from dreamgym.state import parse_state
 
@@ -143,7 +138,7 @@ def model_dir(tiny_experience):
 
 @pytest.fixture
 def fast_backoff(monkeypatch):
-    monkeypatch.setattr(generate_module, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(remote_module, "BACKOFF_SECONDS", 0.01)
 
 
 def test_predictions_over_http_are_the_local_ones(model_dir, episode_rows):

@@ -30,6 +30,7 @@ from dreamgym.experience.annotate import (
 from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.constrain import completion_pattern
 from dreamgym.experience.cooking import TextWorldCooking
+from dreamgym.experience.decoding import copied_completion
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FormatError,
@@ -48,7 +49,6 @@ from dreamgym.experience.format import (
     state_delta,
     task_says,
 )
-from dreamgym.experience.generate import copied_completion
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names
 from dreamgym.renaming import Renamer, invented_names

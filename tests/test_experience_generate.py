@@ -585,6 +585,7 @@ def test_the_next_state_is_no_change_exactly_where_the_reasoning_said_nothing_ch
 
 
 def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, first_episode, monkeypatch):
+    import dreamgym.experience.decoding as decoding
     import dreamgym.experience.generate as generate
 
     model, tokenizer = load_model(tiny_experience.model_dir)
@@ -601,8 +602,8 @@ def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, 
         prompt: text if index % 2 == 0 else text.replace("<done>false</done>", "<done>true</done>")
         for index, (prompt, text) in enumerate(zip(prompts, written))
     }
-    monkeypatch.setattr(generate, "copied_completion", lambda prompt, reasoning: drafts[prompt])
-    monkeypatch.setattr(generate, "VERIFY_CHUNK", 3)  # rows of several lengths in each forward pass
+    monkeypatch.setattr(decoding, "copied_completion", lambda prompt, reasoning: drafts[prompt])
+    monkeypatch.setattr(decoding, "VERIFY_CHUNK", 3)  # rows of several lengths in each forward pass
     checked = experience.checked_drafts(prompts, states=states)
     assert checked[0::2] == written[0::2]
     # Where a draft fails, what decoding writes first: the draft up to "true", and "false" there.
@@ -630,7 +631,7 @@ def test_a_draft_holds_exactly_where_greedy_decoding_writes_it(tiny_experience, 
 
 
 def test_lookup_guesses_what_followed_the_last_earlier_place_of_the_last_tokens():
-    from dreamgym.experience.generate import looked_up
+    from dreamgym.experience.decoding import looked_up
 
     tokens = [5, 1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
     assert looked_up(tokens, 2, ngram=2) == [4, 7]  # the last earlier (1, 2), not the first

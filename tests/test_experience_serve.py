@@ -21,7 +21,8 @@ from conftest import free_ports
 
 from dreamgym.config import PipelineConfig
 from dreamgym.experience.examples import queries_of
-from dreamgym.experience.generate import ExperienceBackendError, RemoteExperienceModel, open_experience_model
+from dreamgym.experience.generate import ExperienceBackendError, open_experience_model
+from dreamgym.experience.remote import RemoteExperienceModel
 from dreamgym.lm.model import device_and_dtype
 
 STEPS = 4  # transitions asked: the first one fails to parse, so a sampled retry goes over HTTP too
