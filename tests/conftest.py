@@ -60,6 +60,22 @@ TINY_EXPERIENCE = ExperienceConfig(
 )
 
 
+def write_params(project: Path, overrides: dict, name: str = "params.yaml") -> Path:
+    """The repo's params.yaml with dotted-key overrides, written into `project` as `name`."""
+    import yaml
+
+    values = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    for key, value in overrides.items():
+        *parents, last = key.split(".")
+        section = values
+        for part in parents:
+            section = section[part]
+        section[last] = value
+    path = project / name
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
 def free_ports(count: int = 1) -> list[int]:
     """Ports nothing listens on now (all distinct: held open together while asked for)."""
     import socket

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from conftest import write_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,16 +85,8 @@ def test_real_env_benchmark_generates_plays_and_collects(tmp_path):
 def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tmp: Path) -> None:
     """The benchmarks that read a finished project, on the pipeline test's tiny one: each runs and
     reports what it measured (the project's own parameters are left as the pipeline read them)."""
-    values = yaml.safe_load((project / "params.yaml").read_text())
-    for key, value in overrides.items():
-        *parents, last = key.split(".")
-        section = values
-        for part in parents:
-            section = section[part]
-        section[last] = value
     tmp.mkdir(parents=True, exist_ok=True)
-    params = project / "bench-params.yaml"
-    params.write_text(yaml.safe_dump(values))
+    params = write_params(project, overrides, "bench-params.yaml")
     at = {"cwd": project}
 
     experience = run_benchmark(

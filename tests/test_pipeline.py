@@ -11,6 +11,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from conftest import write_params
 from mlflow.tracking import MlflowClient
 from test_benchmarks import smoke_project_benchmarks
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
@@ -199,20 +200,6 @@ def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
     pipeline.validate_parameters(deployment.get("parameters") or {})
 
 
-def _write_params(project: Path, overrides: dict) -> Path:
-    """The repo's params.yaml with dotted-key overrides, as the project's own parameter file."""
-    values = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for key, value in overrides.items():
-        *parents, last = key.split(".")
-        section = values
-        for part in parents:
-            section = section[part]
-        section[last] = value
-    path = project / "params.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return path
-
-
 # RL long enough (3 epochs of a few seconds) to be killed between two checkpoints.
 KILLABLE = {**OVERRIDES, "rl.epochs": 3, "rl.max_steps": 8}
 
@@ -236,7 +223,7 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
     from flows.pipeline import pipeline
 
     killed = make_project(tmp_path / "killed", train_games, test_games, task_games)
-    params = _write_params(killed, KILLABLE)
+    params = write_params(killed, KILLABLE)
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     process = subprocess.Popen(
         [sys.executable, "-m", "dreamgym.cli", "run", "--params", str(params)],
@@ -285,7 +272,7 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
 
     # The same seed in a fresh project, uninterrupted: the same figures everywhere.
     fresh = make_project(tmp_path / "fresh", train_games, test_games, task_games)
-    uninterrupted = pipeline(str(_write_params(fresh, KILLABLE)))
+    uninterrupted = pipeline(str(write_params(fresh, KILLABLE)))
     first, second = (client.get_run(result.mlflow_run_id).data.metrics for result in (resumed, uninterrupted))
     assert first == second and "eval_dreamgym_success_rate" in first
     # The RL curves' last values (the resumed run logged the epochs after the kill).
@@ -313,7 +300,7 @@ def test_two_runs_started_at_once_on_one_checkout_end_as_one(
     from dreamgym.data.schema import read_transitions
 
     project = make_project(tmp_path / "twice", train_games, test_games, task_games)
-    params = _write_params(project, TINY)
+    params = write_params(project, TINY)
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "MLFLOW_TRACKING_URI")}
     env["PREFECT_API_URL"] = PREFECT_API_URL.value()
     runs = [
