@@ -578,8 +578,8 @@ def adapted_change(
     where it applies without its `actions` line, that with the learnt actions; else `change` as it
     is (one that does not fit, which no reference may name). The actions are learnt even where the whole
     change applies: additions apply anywhere, so an example's actions from another world fit and
-    mislead (a copier of the top example, on spent sets: 72.5% exact as the changes are, 72.9%
-    learning only where they do not apply, 73.4% always; on a shifted set 32.4%, 35.7%, 41.2%)."""
+    mislead (learning them always beat learning them only where the change does not apply:
+    results log, 2026-11-28)."""
     lines = (change if made_in is None else with_own_states(change, made_in, shown, affordances)).split("\n")
     actions_line = next((line for line in lines if line.startswith((ACTIONS_LINE, ACTIONS_REPLACED))), "")
     loose = applied(
