@@ -19,9 +19,9 @@ attention mask lets every candidate see the prompt and its own earlier tokens on
 positions it would have right after the prompt. A state with 30 available actions costs one row
 of prompt + 30 short actions, not 30 full passes; and, unlike continuing each candidate from a copy
 of its prompt's KV cache (the way this was done before), nothing is copied per candidate, which
-made BC steps and acting ~1.8x faster on CPU (benchmarks/policy_scoring.py). Rows of like length
-share a forward pass (`ROWS_PER_PASS`), and no logits are made for prompt tokens: BC steps ~1.3x
-and acting 1.3-1.6x faster again (benchmarks/results/policy-scoring-2026-11-27.json).
+made BC steps and acting faster (measured: results log, 2026-11-26). Rows of like length share a
+forward pass (`ROWS_PER_PASS`), and no logits are made for prompt tokens: faster again (measured:
+results log, 2026-11-27).
 """
 
 from __future__ import annotations
