@@ -196,9 +196,8 @@ def _by_score(rng: random.Random, task_ids: Sequence[str], scores: dict[str, flo
     """`count` tasks: those scoring above 0 drawn in proportion to their score, without replacement;
     where they are too few, the rest of the slots go to tasks scoring 0, drawn uniformly; only a
     pool smaller than `count` repeats a task. Repeating the few uncertain tasks instead (as this
-    did before) spent whole epochs on one or two games: the policy learnt those by heart (its
-    rollouts' success 0.16 -> 1.0 in five epochs) and won no more of its other games (results log,
-    2026-12-02)."""
+    did before) spent whole epochs on one or two games: the policy learnt those by heart and won no
+    more of its other games (measured: results log, 2026-12-02)."""
     uncertain = [task_id for task_id in task_ids if scores[task_id] > 0]
     chosen = weighted_sample(rng, uncertain, [scores[task_id] for task_id in uncertain], min(count, len(uncertain)))
     settled = [task_id for task_id in task_ids if scores[task_id] <= 0]

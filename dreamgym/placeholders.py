@@ -21,10 +21,9 @@ is `obj1` too, so the example reads as the same move on another object.
 A placeholder the model writes that stands for no name of the prompt is an object it imagines:
 what a container it opens or a room it enters holds. Nothing in the prompt says what that is, and
 left as written (`obj3 (in fridge)`) it is a thing no task asks for: in DreamEnv the policy never
-finds the recipe's ingredients, and a dreamt episode the game would call won is lost (of the 29
-training games the BC policy won, the dream, replaying its very actions, called 6 won; in 23 the
-actions stopped matching a dreamt state that held `obj3` where the game held the ingredient;
-results log, 2026-11-25). So such placeholders take, lowest number first, the
+finds the recipe's ingredients, and a dreamt episode the game would call won is lost (replaying
+BC's won games, the dream lost most of them where it held `obj3` in place of the ingredient;
+measured: results log, 2026-11-25). So such placeholders take, lowest number first, the
 names of the objects the task asks for that the episode has not shown yet (`imagined`); any
 more are left as written.
 """

@@ -129,8 +129,8 @@ def on_compute(flow: Flow, compute: ComputeConfig) -> Flow:
 def ray_cluster(compute: ComputeConfig) -> Iterator[None]:
     """Hold one Ray connection (a local Ray started, or a cluster joined) while the body runs,
     so that sub-flows share it: a RayTaskRunner finding Ray running uses it and leaves it running,
-    where each would otherwise start its own local Ray and workers and stop them (~3 s to start, ~5 s
-    more for the workers' imports on 2 cores: benchmarks/results/ray-evaluation-2026-11-25.json).
+    where each would otherwise start its own local Ray and workers and stop them, seconds each time
+    (measured: results log, 2026-11-25).
     Local: nothing."""
     if compute.task_runner == "local":
         yield

@@ -3,13 +3,12 @@
 The text embedded for a transition is defined once, in `transition_text`: the action, the task,
 and the state without its list of available actions. That list follows from the rest of the state,
 is the longest part of it (a median of 30 actions), and would triple the encoding time on a CPU
-(measured: ~20 texts/s with it, ~60 without); the encoder would cut it at 256 word pieces anyway.
+(measured: results log, 2026-11-21); the encoder would cut it at 256 word pieces anyway.
 
 The encoder computes in bf16 where the hardware does so natively (`inference_dtype`), else in
-float32. On 2 cores of an AVX512-BF16 CPU, 32 DreamEnv queries (~120 word pieces each) encode in
-0.33 s instead of 0.85 s, and each vector (normalised in float32) is at cosine >= 0.9999 of its
-float32 self; stored and query vectors may come from machines of either kind. On an AVX512 CPU
-without BF16, bf16 is emulated and ~3x slower than float32 (256 transitions: 17 s against 6 s).
+float32: native bf16 is much faster, and each vector (normalised in float32) is at cosine >= 0.9999
+of its float32 self, so stored and query vectors may come from machines of either kind; emulated
+bf16 is slower than float32 (measured: results log, 2026-11-25 and 2026-11-28).
 
 An encoder keeps the vectors of the texts it encoded last (`cache_size`): the same text always
 gives the same vector, and the callers ask again and again for the same ones — a DreamEnv batch's
@@ -18,9 +17,8 @@ third of its texts (noisy-expert episodes of one game walk the same steps).
 
 Texts go to the encoder in batches of alike length (`length_batches`): a batch pads every text to
 its longest, and a DreamEnv batch's 32 queries run from ~60 to ~160 word pieces, so one batch of
-them computed a third padding. On 2 CPU cores (2026-11-30), the 4 query batches of 32 DreamEnv
-steps encoded in 1.18 s instead of 1.71 s; 1,024 buffer rows, whose length-sorted batches of 64
-were alike already, in 11.3 s as before.
+them computed a third padding; buffer rows, sorted by length already, gain nothing (measured:
+results log, 2026-11-30).
 """
 
 from __future__ import annotations

@@ -7,11 +7,10 @@ scan, on a small buffer or with a large ef_search, it sorts narrow rows). The st
 alone, and the rows are read by id only where this open database has not read them before
 (`Database.rows`): a row never changes once written (the upsert is ON CONFLICT DO NOTHING), and
 DreamEnv's re-ranking fetches hundreds of candidates per query, the same few thousand rows again
-and again. 32 queries of 600 candidates on the default buffer: 0.37 s with every row's text, 0.12 s
-with ids alone. Every hit of a row shares that row, read-only (a `MappingProxyType`), and the query
-vectors go in pgvector's binary form (`%b`): with a copy of the row per hit (19,200 a DreamEnv step
-of 32) and the vectors as text, the search took 4.5-4.7 ms a transition instead of 3.4-3.7 (2 CPU
-cores, 2026-11-30).
+and again (measured: results log, 2026-11-25). Every hit of a row shares that row,
+read-only (a `MappingProxyType`), and the query vectors go in pgvector's binary form (`%b`): a copy
+of the row per hit (thousands a DreamEnv step) and vectors as text slowed the search (measured:
+results log, 2026-11-30).
 Filters are bound parameters, never SQL text. With filters the index keeps scanning until k rows
 pass them (pgvector >= 0.8's iterative scan), so a selective filter does not return fewer than k
 neighbours when more exist.

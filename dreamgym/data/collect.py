@@ -12,7 +12,7 @@ environment's rules name (`Domain.mistakes`: slicing what the recipe says to dic
 with the expert if the game goes on. A random action is rarely such a mistake (2 of some 30
 admissible ones), so the behaviour policy's data shows few of them, and an experience model that
 has seen none imagines that they work: a policy trained in it learnt to chop what its recipe said
-to slice or dice (benchmarks/results/, 2026-11-26).
+to slice or dice (measured: results log, 2026-11-26).
 
 Every episode has its own random stream seeded from (seed, task, episode), so a collection is
 reproducible whatever the number of worker processes. The settings and the games' digests are
@@ -300,7 +300,7 @@ def held_out_collection(games_dir: str | Path, config: PipelineConfig) -> tuple[
     """The games and settings of `collect_held_out`."""
     games = list_games(games_dir)[: config.experience.eval_games or None]
     # The behaviour policy's episodes only: the fidelity figures stay comparable with earlier ones
-    # (the dream on a policy's own episodes: results log, 2026-11-25).
+    # (the dream on a policy's own episodes; measured: results log, 2026-11-25).
     settings = dataclasses.replace(
         CollectionSettings.from_config(config), episodes_per_game=1, seed=config.seed + 1, mistake_episodes=0
     )

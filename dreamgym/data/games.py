@@ -51,9 +51,9 @@ SEED_STRIDE = GAME_SEED_STRIDE
 
 # The headroom benchmark (`games.target: headroom`): recipes of 2-3 ingredients, 2-3 of them to
 # find, in 6 or 9 rooms, with opening, cooking and cutting. BC trained on the default games (recipes
-# of 1-2, 1 or 6 rooms) wins 28-32% of them, all on their recipe-2, 6-room share; recipes of 3 and
-# 9 rooms it never wins (results log, 2026-12-02). Recipes of 3 in 6-12 rooms, tried first, left RL
-# nothing to start from (BC 1 of 100). A game's file name spells its settings, so these games never
+# of 1-2, 1 or 6 rooms) wins some of them, all recipe-2, 6-room ones, so RL has room to improve and
+# something to start from; recipes of 3 alone, tried first, it nearly never won (measured: results
+# log, 2026-12-02). A game's file name spells its settings, so these games never
 # mix with others; changing the preset makes new games, not changed ones.
 HEADROOM = {"recipe": (2, 3), "take": (2, 3), "go": (6, 9)}
 

@@ -5,8 +5,8 @@ RL in DreamEnv starts from the real initial states of the training tasks, and a 
 the offline data walks mostly where that data went: most of its steps repeat a recorded real step
 (the same task, state and action). The experience model can at best reproduce such a step, and
 where it gets it wrong the dream fails episodes the game would have won: GRPO then pushes the
-policy away from what works (benchmarks/results, 2026-11-29: dream − real success −0.32 a GRPO
-epoch on average without recall, −0.05 with it). The real outcome is known there; the model is
+policy away from what works (with recall the dream's success is close to the game's, without it
+far below; measured: results log, 2026-11-29). The real outcome is known there; the model is
 needed only where the data has not been (other actions, other states, the curriculum's
 variations, whose instructions no recorded step has).
 

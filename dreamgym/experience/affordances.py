@@ -33,8 +33,8 @@ With `experience.learnt_actions`, a worked example's change is shown to the mode
 it makes here (`adapted_change`): without its `actions` line and with the actions learnt for the
 state it gives, and with each object it moves or changes keeping the query's object's own states
 (`with_own_states`: the example's sliced-and-fried pepper taken from the stove does not make the
-query's roasted one fried). A reference to it then means that, in training and in prediction alike.
-Measured in benchmarks/results/README.md, 2026-11-28 and 2026-11-29.
+query's roasted one fried). A reference to it then means that, in training and in prediction alike
+(measured: results log, 2026-11-28 and 2026-11-29).
 """
 
 from __future__ import annotations
@@ -279,9 +279,9 @@ class Affordances:
         more detailed descriptions was seen) and it is as it was a step before: whether the
         previous state offered the same use of it (`_use_key`: the same template and slot, with
         objects of the same kinds, carried or seen, on it or not), where it always did or never did;
-        else None, and the votes decide. Furniture in general is put on, not cooked with: a BBQ,
-        in no training game, was told so and lost its cooking after each use (35 steps of a
-        shifted set, 2026-11-29), though the step before had offered it for every carried food."""
+        else None, and the votes decide. Furniture in general is put on, not cooked with, so
+        furniture no training game shows (a BBQ) lost its cooking after each use, though the step
+        before had offered it (measured: results log, 2026-11-29)."""
         found = set()
         for slot, name in enumerate(binding):
             if name in unchanged and description[2 + slot][0] == "furniture":
@@ -424,9 +424,8 @@ def learnt_task_actions(rows: Iterable[Mapping], domain: Domain) -> dict[str, tu
     it is offered in, where the training states offered it exactly there: in one of those places
     with that object carried, never elsewhere or without it (at least `MIN_TASK_STATES` distinct
     states each way, none against). tw-cooking offers `prepare meal` in the kitchen while the
-    recipe's first ingredient is carried (1,447 training states; none against, 2026-11-29); copied
-    from an example whose taken item was its own recipe's first, a shifted set's `take` steps
-    offered it 26 times where the game did not and withheld it 9 times where it did."""
+    recipe's first ingredient is carried; copied from an example whose taken item was its own
+    recipe's first, it was offered and withheld wrongly (measured: results log, 2026-11-29)."""
     seen: Counter = Counter()  # (place, which task objects are carried, actions on no object)
     for instruction, text in dict.fromkeys(
         (row.get("instruction") or "", row[column]) for row in rows for column in ("state", "next_state")
@@ -503,7 +502,7 @@ def with_learnt_actions(
     that list's actions on no object (the exits of the new room). An action on an object the step
     used up (`drop carrot` once `prepare meal` took the carrot) is an action on an object, gone with
     it: kept as one on no object, it stayed wherever the example's own change did not remove it
-    (2026-11-29). With the task's objects (`task_objects`, in its order), an action that follows
+    (measured: results log, 2026-11-29). With the task's objects (`task_objects`, in its order), an action that follows
     the task (`Affordances.task_actions`) is offered where its rule says, and nowhere else."""
     items = items_of(state)
     if actions_line.startswith(ACTIONS_REPLACED):
@@ -579,8 +578,8 @@ def adapted_change(
     where it applies without its `actions` line, that with the learnt actions; else `change` as it
     is (one that does not fit, which no reference may name). The actions are learnt even where the whole
     change applies: additions apply anywhere, so an example's actions from another world fit and
-    mislead (a copier of the top example, on spent sets: 72.5% exact as the changes are, 72.9%
-    learning only where they do not apply, 73.4% always; on a shifted set 32.4%, 35.7%, 41.2%)."""
+    mislead (learning them always beat learning them only where the change does not apply:
+    results log, 2026-11-28)."""
     lines = (change if made_in is None else with_own_states(change, made_in, shown, affordances)).split("\n")
     actions_line = next((line for line in lines if line.startswith((ACTIONS_LINE, ACTIONS_REPLACED))), "")
     loose = applied(

@@ -17,9 +17,9 @@ A next state may also name a worked example (`same as example i`, experience.cop
 model sometimes names one whose change does not fit this state (it removes what the state lacks).
 While the next state's first line heads for a reference, only the examples whose change applies to
 the current state may be named; when none applies, the model must write the change out. Where one
-applies, the model may still write a change out: a rule that held it to a fitting reference or `no
-change` there (`examples_first`, 2026-11-28) lowered the real score of GRPO in the dream of a tiny
-model trained on the very game it dreams, and was removed (off, as it always ran).
+applies, the model may still write a change out: holding it to a fitting reference or `no change`
+there (`examples_first`) lowered GRPO's real score in a tiny dream, and was removed (measured:
+results log, 2026-11-28).
 
 The model writes its reasoning first, and a long next state in between sometimes makes it forget
 what the reasoning said: "The task is lost and the episode ends." then `<done>false</done>`. When
@@ -28,7 +28,7 @@ the reasoning states the score and the end in the default annotator's words
 done after the next state are held to what it said; and when it says whether anything changed
 (`annotate.stated_change`), the next state is `no change` exactly when it said nothing did. Out of
 its data the model otherwise copies an example's trace, "Effects: fridge is now open; ...", and
-then writes `no change` (49 of 87 `open` steps of new games did, 2026-11-26).
+then writes `no change` (measured: results log, 2026-11-26).
 Out of its data (a place, a thing or a move it never saw) the model also loses the format itself:
 it opens a second `<next_state>`, writes `actions:` twice or runs an entry into the next tag. So
 the completion is kept a prefix of the format's language (`completion_pattern`: the sections in
@@ -211,8 +211,8 @@ class _Vocabulary:
 @functools.lru_cache(maxsize=8)
 def _vocabulary(tokenizer, size: int) -> _Vocabulary:
     """The tokens of `tokenizer` (of `size`: a tokenizer that grows is read again), read once per
-    tokenizer, not per batch (decoding every token for each batch was almost half of the
-    constraint's time in a DreamEnv step, profiled 2026-11-26). Each token's text is decoded
+    tokenizer, not per batch (decoding every token for each batch was much of the constraint's
+    time: results log, 2026-11-26). Each token's text is decoded
     once: the generated text grows by one piece a step (exact for a byte-level BPE on ASCII
     text) instead of being decoded again at every step."""
     special = set(tokenizer.all_special_ids)
@@ -316,9 +316,8 @@ class DeltaConstraint:
         token that does (greedy), or those of the top `FORMAT_CANDIDATES` that do, else every one
         that does (sampling). A completion that no token keeps in the format (the other rules
         masked every one that would), or that has left it, ends at once: nothing it could go on to
-        write would parse, and a row written on to `max_new_tokens` held up its whole batch (18 of
-        61 decoded rows of a GRPO batch in the dream ran past 150 tokens of such text, 5 of them
-        to the cap, 2026-11-28)."""
+        write would parse, and a row written on to `max_new_tokens` holds up its whole batch
+        (measured: results log, 2026-11-28)."""
         writing = []
         for row, state in enumerate(self.format_states):
             if state is None:
@@ -374,8 +373,8 @@ class DeltaConstraint:
         (where an ending is already complete, any token that heads for another one).
 
         Looked up, not tried: the prefixes of each ending's rest in `by_piece`, the pieces that go
-        on past it as one run of `sorted_pieces`. Trying every token that starts like an ending
-        against every ending was most of the constraint's time in a DreamEnv step (2026-11-26)."""
+        on past it as one run of `sorted_pieces`: trying every token that starts like an ending
+        against every ending was most of the constraint's time (measured: results log, 2026-11-26)."""
         rests = [
             ending[len(written) :] for ending in endings if len(ending) > len(written) and ending.startswith(written)
         ]
@@ -440,7 +439,7 @@ class DeltaConstraint:
         """The tokens (of the first `width`) that take `written`, a beginning of a reference, towards
         a reference that is none of `endings`. Kept for the batch: its rows write the same
         reference prefixes with the same fitting examples, and trying each token that goes on with
-        the reference's next character was a third of the rules' time in a DreamEnv step (2026-11-30)."""
+        the reference's next character was much of the rules' time (measured: results log, 2026-11-30)."""
         key = (written, endings, width)
         if key not in self._unfitting:
             self._unfitting[key] = [
@@ -454,9 +453,8 @@ class DeltaConstraint:
 class _FormatIndex:
     """The format's language (`completion_pattern`) as a token automaton (outlines-core): for each
     state, the tokens whose piece keeps the text a prefix of the language, looked up instead of
-    matching the pattern against the whole completion once per token tried (that matching was
-    four fifths of the decoding rules' time in a DreamEnv batch of random moves, 2026-11-28; the
-    tokens it allows are the same: 6,698 prefixes of DreamEnv completions compared)."""
+    matching the pattern against the whole completion once per token tried, which was most of the
+    decoding rules' time; the tokens it allows are the same (measured: results log, 2026-11-28)."""
 
     def __init__(self, pieces: Sequence[str], end: int | None, pattern: str):
         from outlines_core import Index, Vocabulary  # loaded with the first constrained decoding

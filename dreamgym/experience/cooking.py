@@ -1,5 +1,5 @@
 """TextWorld cooking's rules for the experience model's retrieval (the `Domain` of
-dreamgym/domain.py): measured in experience/rerank.py's history and benchmarks/results/.
+dreamgym/domain.py); why each, in CHANGELOG.md (measured: results log, 2026-11-23 to 2026-11-30).
 
 - How an action stands to its task: whether the recipe names the item acted on, and which of the
   action's other words its clauses on that item use (`slice` where the recipe says to slice it).

@@ -6,7 +6,7 @@ forward pass (`DraftDecoding.checked_drafts`); a row whose greedy choice differs
 from there, each pass checking a guess of the next tokens looked up in the prompt
 (`DraftDecoding.speculated`). Both give exactly the tokens token-by-token decoding gives under the
 same rules (`Rules`, constrain.py), greedy or sampled (`SeededSampling`): they are faster, not
-different (measured in the results log, 2026-11-28 to 2026-11-30).
+different (measured: results log, 2026-11-28 to 2026-11-30).
 """
 
 from __future__ import annotations

@@ -4,16 +4,15 @@ A prompt shows the task, worked examples retrieved from the buffer, the last ste
 episode, the current state and the action, then what the task says of the object the action acts
 on (`task_says`). Whether a step scores depends on those words (an ingredient of the recipe, the
 cut it asks for), and a small model does not find them ~700 tokens back on its own: asked to
-quote them in its reasoning it quoted a recipe's usual words instead, in 79 of 215 held-out steps.
-So the prompt quotes them next to the action, and each worked example shows its own.
+quote them in its reasoning it often quoted a recipe's usual words instead. So the prompt quotes
+them next to the action, and each worked example shows its own (measured: results log, 2026-11-23).
 
 A worked example also shows its reasoning trace (with the state-diff annotator, whose traces are
 computed from the example's own states): the model copies its example far better than it writes on
 its own, and its trace, written first, is what decides the reward and the end (constrain.py). Left
 to write the trace itself, it wrote "obj1 goes into the inventory. The score rises by 1" for
-`eat obj1` under an example that lost the game. Held-out (215 transitions, same data, seed and
-budget), without → with the examples' traces: next-state exact 72.1% → 74.4%, reward 94.0% →
-96.7%, done 96.7% → 97.7%, parse failures 0.5% → 0%. The completion the model learns to write is:
+`eat obj1` under an example that lost the game; shown traces raised every fidelity figure
+(measured: results log, 2026-11-24). The completion the model learns to write is:
 
     <reasoning>The fridge is now open; ... The score does not change.</reasoning>
     <next_state>
@@ -42,9 +41,8 @@ below), so it is written in the form that means the same in another state wherev
   while in the same place a replacement would also drop or bring back the items the example's state
   happened to hold (`inventory = knife; meal` after preparing a meal says nothing of what else a
   player carries). On a move the shorter of the two forms is written.
-Held-out queries (215) whose first worked example's change, applied to their state, gives the real
-next state: 71.6% with full removals and the shorter form everywhere, 74.0% with name removals and
-the shorter form everywhere, 74.9% with both rules (300 training rows: 71.7%, 72.7%, 74.0%).
+Each rule makes the first example's change give the real next state more often (measured: results
+log, 2026-11-24).
 `no change` is the delta of a step that changes nothing. With `experience.copy_examples`,
 `same as example 2` is the delta of a step whose next state is what the prompt's second worked
 example's change (its `changes:`, which `example_changes` reads back from the prompt) gives when
@@ -55,11 +53,8 @@ A reasoning that is exactly a worked example's trace names it the same way
 (`<reasoning>same as example 1</reasoning>`, read back through `example_traces`), and then states
 that example's reward and end. Written out token by token, the model's trace left its example's at
 the sentence on the score: "The score does not change." for `eat meal` under an example that won
-the game, though it pointed at that example's change. 95% of training traces are their first
-example's (70% of changes). Held-out (215 transitions, same data, seed and budget), written out
-→ named: next-state exact 74.4% → 74.9%, reward 96.7% → 98.1%, done 97.7% → 99.1%, parse
-failures 0% → 0%; on held-out games 21–40 (269): 64.3% → 65.8%, 92.2% → 94.8%, 95.5% → 96.7%,
-0.4% → 0%.
+the game, though it pointed at that example's change. Most training traces are their first
+example's, and naming them raised the reward and done figures (measured: results log, 2026-11-24).
 
 `parse_completion` reads a completion back strictly: anything that is not a valid completion
 raises `FormatError` saying what is wrong, so that the synthetic environment can count and retry

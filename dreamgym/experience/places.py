@@ -15,7 +15,7 @@ last showed it, with what the player carries now. Two things make that a predict
   if the step from that last state had changed only what the player carries.
 
 Where the memory knows the next state, it replaces the model's; the reward and the end are the
-model's. Measured in benchmarks/results/README.md (2026-11-29, "places the episode has been").
+model's (measured: results log, 2026-11-29, "places the episode has been").
 """
 
 from __future__ import annotations

@@ -1,72 +1,28 @@
 """Re-ranking of retrieved neighbours by how much of the query's situation they share.
 
-The buffer's vector search finds transitions whose text reads alike (`transition_text`): the same
-kind of room, task and objects. What decides a step's outcome is a few words of that long text:
-the move itself, and facts such as whether the fridge is open or the knife carried. Among the
-three nearest by embedding, only 30% of held-out queries had a worked example whose change was
-exactly the answer (68% of training queries), and the model, which learns to copy its examples,
-copied the wrong ones on new games: `+insert obj1 into fridge` from a neighbour whose fridge was
-open, into a state whose fridge is closed.
+The buffer's vector search finds transitions whose text reads alike (`transition_text`), but a
+step's outcome hangs on a few words of it: the move, and facts such as whether the fridge is open.
+The model copies its worked examples (with k = 1, whenever it can), so an example in another
+situation is copied wrong. So retrieval fetches a pool by embedding and keeps the k candidates
+closest by the `RANKING_KEYS`, in order (ties: the embedding's order):
+- `action`: the same action, each side in its own placeholders (dreamgym/placeholders.py);
+- `action_form`: else the same move on other items (`open {0}`), shown on the query's items
+  (`examples.on_the_query_items`);
+- `change_fits`: the candidate's change applies to the query's state (removes only what is there);
+- `task_relation`: the move stands alike to its task (its reward and end are copied with it);
+- `acted_items`: the items the action names are alike (`obj1 (roasted)`): a removal names the
+  item alone (format.py), so only this key puts a roasted example first;
+- `open_closed`: the things the change's actions name are open or closed alike (the same test
+  on every named item did worse);
+- `kind`: the items acted on are of the same kind (from the real names the model does not see);
+- `shared_items`: the largest share of state items (location, visible, carried, actions: Jaccard).
+Each key earns its place, and a pool (`experience.retrieval_pool`) of hundreds finds far more exact
+examples than the nearest few, at a ranking cost small beside generation (measured: results log,
+2026-11-23, 2026-11-24, 2026-11-25 and 2026-11-29).
 
-So retrieval fetches a pool of candidates by embedding and keeps the k whose situation is
-closest: the same action first, then the largest share of state items (location, visible and
-carried items, available actions: their Jaccard index), then the embedding's order. With
-placeholders, both sides are compared in their own placeholders (dreamgym/placeholders.py), so that
-"take tomato from counter" on a held-out game matches "take carrot from counter" in training.
-Held-out queries (215, default data) with an example showing the exact answer among three, by
-pool size: 30% (the nearest 3), 50% (30), 58% (100), 70% (300), 73% (1000); then, a pool of 300
-cost ~0.4 s per batch of 32 queries against ~13 s of generation.
-
-With one worked example (k = 1) the model copies it whenever it can (`same as example 1`), so
-which candidate comes first matters most. Among candidates with the same action, two facts are
-checked before the share of items: whether the candidate's change can be applied to the query's
-state at all (it removes only what is there and adds only what is not), and whether the items the
-action names (`obj1 (roasted)`, `knife (on table)`) are the same on both sides: a removal names
-the item alone (format.py), so `-obj1; +obj1 (chopped, fried)` applies to a roasted obj1 too,
-and it is this second check that puts a roasted example first. Held-out queries (215) whose one
-example shows the exact answer: 61.4% by the share of items alone (pool 300), 65.6% with both
-checks first (pool 300), 69.3% (600, the default; also 1000).
-Training queries (300 drawn): 69.3% → 72.0% (1000). Per batch of 32 queries, retrieval and ranking
-took 0.31 s before, 0.46 s now (pool 300), 0.79 s (600), against ~13 s of generation.
-
-The reward and the end are decided by how the move stands to the task: taking an ingredient scores,
-taking anything else does not; slicing what the recipe says to chop loses the game. A candidate
-showing the same move on the same items can stand otherwise to its own task, and the model copied
-its +1 into a lost game. So, among candidates whose change fits, those in the same relation to
-their task (the domain's `task_relation`) come first.
-
-Since changes are edits that mean the same in another state (removals by name, lists replaced only
-on a move: format.py), the first example's change, applied to the query's state, gives the real
-next state for 74.9% of held-out queries (71.6% before; some candidate of the pool: 80.0% → 81.9%).
-
-A change's available actions also hang on the things they name: `+insert knife into fridge` comes
-with taking the knife only where the fridge is open. So, among candidates alike so far, those
-whose change names open and closed things that are open and closed alike in the query come first:
-the first example gives the real next state for 75.8% of held-out queries (74.9% before), 75.0% of
-300 training queries (74.0%); the reward and done it shows are as right as before. The same rule
-for every item a change names did worse (71.2%).
-
-Then the kind of the items acted on (the domain's `kinds`, from the real names, which retrieval sees
-and the model does not): `+eat obj1` comes with taking a tomato, not a potato. The first example's
-change is the answer for 75.8% → 77.2% of held-out queries (its reward 98.1% → 97.7%, its end 99.1%
-→ 98.6%: one step each), 75.0% → 75.0% of training queries (whose candidates come from other
-episodes of the same game and so are mostly of the same kind already), and 65.8% → 68.4% of
-the 269 of held-out games 21–40 (reward 94.8% → 96.3%, end 96.7% → 98.5%; a slice looked at
-before this rule was kept).
-
-Where no candidate takes the query's action, the same move on other items comes next (the
-`action_form` key: `open {0}` for `open screen door`), and the worked example is shown on the
-query's items (`examples.on_the_query_items`). Before, such a query's example was whichever move
-shared the most state items, mostly another move in the same room: in a dream, every first
-`examine ...` of a game whose data began with `open fridge` got the fridge opened. The model of
-6f469fa's `make run`, this at prediction only (dev slices, spent): 77.8% → 78.4% exact on 495
-transitions of training settings, 47.4% → 51.7% on 772 of shifted ones (opening 10% → 32%,
-putting down 36% → 76%, no verb worse).
-
-The three rules that know the environment (relation to the task, kinds, open or closed things)
-are a `Domain`'s (dreamgym/domain.py; TextWorld cooking's are experience/cooking.py); the rest
-hold in any text environment. `RANKING_KEYS` names every key; `experience.ranking_off` switches
-any of them off.
+`task_relation`, `open_closed` and `kind` know the environment and are a `Domain`'s
+(dreamgym/domain.py; TextWorld cooking's are experience/cooking.py); the rest hold in any text
+environment. `experience.ranking_off` switches any key off.
 """
 
 from __future__ import annotations

@@ -117,14 +117,13 @@ def _intermediate_size(hidden_size: int) -> int:
 
 def deterministic_kernels() -> None:
     """Deterministic kernels from here on, process-wide: one training's examples, settings and seed
-    give the same weights bit for bit. Without them, two BC runs of the same examples differed
-    after 40 steps on 2 CPU cores (sums whose order varies with the threads), and `make run`'s BC,
-    trained on the same examples, won 95.0% of the held-out games in one run and 87.5% in another
-    (2026-11-29). On 2 CPU cores they cost ~1.5% (200 BC steps: 51.0-51.7 s against 50.1-50.8 s).
+    give the same weights bit for bit. Without them, two BC runs of the same examples differ
+    within tens of steps (sums whose order varies with the threads) and can end games apart; with
+    them a BC step costs a little more (measured: results log, 2026-11-29).
     An op without a deterministic kernel warns rather than fails (`warn_only`); cuBLAS needs its
     workspace set before its first use on a GPU. New tensors are not filled with NaN first (the
     mode's default, for code that reads memory it never wrote): that made the experience model's SFT
-    ~55% slower (40 steps: 31-32 s against 20-21 s), and the weights are the same without it."""
+    much slower, and the weights are the same without it (measured: results log, 2026-11-29)."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = False

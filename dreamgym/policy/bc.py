@@ -13,7 +13,7 @@ visited state with the expert's choice keeps both (DART/DAgger-style relabelling
 labels (another environment, older files) falls back to the actions of the won episodes. The
 mistake episodes (`collect.mistake_episodes`) are left out: they are there to show the experience
 model what a mistake does, and their states, the expert's path up to the mistake, are those the
-behaviour policy's episodes already show (cloning them too cost `make run` a minute).
+behaviour policy's episodes already show (cloning them too would only cost `make run` time).
 
 Counterfactual tasks (`policy.domain`): a step that carries out a clause of its task (slicing the
 carrot because the recipe says `slice the carrot`) is also an example under the same task with
@@ -22,28 +22,25 @@ carrot with knife`); the domain (dreamgym/domain.py) knows which clauses can cha
 ask for. It is also shown with another ingredient's clause of that kind changed (`slice the
 pepper` -> `chop the pepper`), labelled with the same action: what the recipe asks of the pepper
 does not change how the carrot is cut. Why: a policy can fit its training games without reading the
-recipe, and one that reads it can still take the wrong ingredient's clause. The 12-epoch BC of
-2026-11-26 (without them) won 92.5% of its training games, yet on those games, with one recipe verb
-changed at the step that carries it out, it followed the new verb at 42 of 58 cooking steps and 55
-of 116 cutting ones (results log, 2026-11-26): it recalled each game.
+recipe (recalling each game: BC without them nearly always won its training games, yet often kept
+the old verb when the recipe's was changed), and one that reads it can still take the wrong
+ingredient's clause (measured: results log, 2026-11-26).
 
 Untied embeddings (the from-scratch policy reads tokens with one matrix and scores them with
 another). Counterfactual tasks show one state with `slice`, `chop` and `dice` as labels in turn; a
 policy that cannot yet read which one the recipe asks for does best scoring the three alike, and
-with one matrix for both jobs that also makes them read alike: their embeddings merged (cosine
-0.95), and the policy never learnt to read them. With tied embeddings this happened at learning
-rate 1e-3, and at 2e-3 in one of two runs of the same examples and seed (training is not
-bit-for-bit reproducible across processes, and here a rounding difference was enough: 100% or
-27.5% of the training games). Untied, at 1e-3, it follows the changed verb at 114 of 116 cutting
-steps and all 58 cooking ones (benchmarks/results/README.md, 2026-11-26).
+with one matrix for both jobs that also makes them read alike: their embeddings merged, and the
+policy never learnt to read them, or did by chance in one run and not in the next (training is
+not bit-for-bit reproducible across processes). Untied, it learns to follow the changed verbs in
+every run (measured: results log, 2026-11-26).
 
 The objective is the acting rule (`policy.mode`):
 - `choice`: the policy acts by a softmax over the scores of the available actions, so BC minimises
   exactly that distribution's cross-entropy, -log π(label | s) (`choice_loss`). A token-level LM
   loss on the label's text (what TRL's SFT trains) does not: it spends its capacity on the
   predictable tail of each action ("... with knife"), and the mean token log-likelihood that
-  acting reads then ranks a wrong verb on the right object close to the right one (measured in
-  the results log, 2026-11-24). This loop is written here because TRL has no objective over a
+  acting reads then ranks a wrong verb on the right object close to the right one (measured:
+  results log, 2026-11-24). This loop is written here because TRL has no objective over a
   set of candidate completions.
 - `generate`: the policy samples free text, so BC is TRL's SFT on prompt/completion (the
   likelihood that generation samples from), through the experience model's trainer.

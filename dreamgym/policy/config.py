@@ -90,8 +90,8 @@ class PolicyConfig:
     # Behaviour cloning (dreamgym/policy/bc.py)
     epochs: Annotated[float, described("BC passes over the examples.", gt=0, part="training")] = 12.0
     batch_size: Annotated[int, described("BC examples per optimiser step.", ge=1, part="training")] = 16
-    # At 1e-3 two runs that differ in the eighth digit at step 100 end apart (final loss 0.051 vs
-    # 0.015; 65 vs 77% on 100 new games); at 5e-4 both reach ~0.0013 and 75-76% (results log, 2026-11-29).
+    # At 1e-3 two runs that differ in the eighth digit at step 100 end far apart, in loss and in
+    # games won; at 5e-4 they end alike (measured: results log, 2026-11-29).
     learning_rate: Annotated[float, described("BC peak learning rate.", gt=0, part="training")] = 5e-4
     warmup_ratio: Annotated[float, described("BC warmup fraction of the steps.", ge=0, lt=1, part="training")] = 0.05
     save_steps: Annotated[int, described("BC checkpoint interval in steps.", ge=1, part="checkpoints")] = 200

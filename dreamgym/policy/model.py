@@ -19,9 +19,9 @@ attention mask lets every candidate see the prompt and its own earlier tokens on
 positions it would have right after the prompt. A state with 30 available actions costs one row
 of prompt + 30 short actions, not 30 full passes; and, unlike continuing each candidate from a copy
 of its prompt's KV cache (the way this was done before), nothing is copied per candidate, which
-made BC steps and acting ~1.8x faster on CPU (benchmarks/policy_scoring.py). Rows of like length
-share a forward pass (`ROWS_PER_PASS`), and no logits are made for prompt tokens: BC steps ~1.3x
-and acting 1.3-1.6x faster again (benchmarks/results/policy-scoring-2026-11-27.json).
+made BC steps and acting faster (measured: results log, 2026-11-26). Rows of like length share a
+forward pass (`ROWS_PER_PASS`), and no logits are made for prompt tokens: faster again (measured:
+results log, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ SETTINGS_FILE = "policy.json"
 VALUE_HEAD_FILE = "value_head.pt"
 KEPT_NAMES_FILE = "kept_names.json"
 # Rows (prompt + candidates) per forward pass in `score_actions`, shortest first. A pass pads its
-# rows to the longest, and its attention costs the square of that: BC's batches of 16 random steps
-# spent 38% of their tokens on padding in one pass. A BC step of 16 on 2 CPU cores: 0.37 s in one
-# pass, 0.31 / 0.29 / 0.29 s in passes of 8 / 4 / 2 rows. A GPU, wider, may want more: not measured.
+# rows to the longest, and its attention costs the square of that: in one pass, a third of BC's
+# tokens were padding. On 2 CPU cores passes of 4 rows were fastest, 2 no faster (measured: results
+# log, 2026-11-27). A GPU, wider, may want more: not measured.
 ROWS_PER_PASS = 4
 # Token ids kept per policy, by text: BC reads every example's prompt and ~30 candidates once an
 # epoch, and tokenizing them again took ~28 ms of a ~0.3 s BC step on 2 CPU cores; acting and RL

@@ -12,7 +12,7 @@ game-specific object the state shows is renamed in the prompt and in the candida
   Numbering only what the state shows made a food's number depend on what the policy had found:
   with the first ingredient still in the closed fridge, the second was `obj1` and the recipe read
   `fry the yellow onion; ...; roast the obj1`, and the policy fried `obj1` (the first cooking verb
-  of the recipe), 3 of 7 lost held-out games looked at on 2026-11-27;
+  of the recipe) (measured: results log, 2026-11-27);
 - any other game-specific object becomes `other1`, `other2`, ... in the state's order.
 
 "Game-specific" is the experience model's rule (`experience.placeholders.kept_names`, learnt from
@@ -25,8 +25,8 @@ back to its real text by position.
 With `avoid_repeats` on, the candidates are the actions the episode took least often from the very
 same state (so, while any is left, those it never took there): the games are deterministic, so an
 action taken again from the same state can only lead where it led before, and a greedy policy that
-meets a state twice would otherwise loop between two rooms until the step limit (16 of the 61
-fresh held-out games the default BC lost, 2026-11-25). When every action was tried once, those
+meets a state twice would otherwise loop between two rooms until the step limit (measured:
+results log, 2026-11-25). When every action was tried once, those
 tried once are next: the policy keeps exploring rather than settling into a cycle.
 
 `policy_input` is the one place the prompt and the candidates are made, for behaviour cloning and

@@ -184,8 +184,8 @@ def episode_metrics(episodes: Sequence[Episode], reward: str) -> dict[str, float
     """The epoch's outcomes (success, return, steps) over its episodes. Where the real budget cut
     some of them, the epoch is partial and its outcomes are left out: the episodes that finished
     are the ones that ended first, the short ones, and a rate over them is no epoch's success (a
-    bench's real GRPO "fell" from 0.94 to 0 on the 2 episodes of such an epoch; results log,
-    2026-11-27). Where it cut them all, nothing finished either. Left out, not 0: 0 would read as
+    bench's real GRPO seemed to collapse on such an epoch; measured: results log, 2026-11-27).
+    Where it cut them all, nothing finished either. Left out, not 0: 0 would read as
     a collapse."""
     finished = [episode for episode in episodes if not episode.cut]
     metrics = {
