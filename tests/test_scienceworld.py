@@ -1,0 +1,217 @@
+"""ScienceWorld through the environment contract: the real game, in its own JVM."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from dreamgym.envs.base import GameFileError
+from dreamgym.envs.checker import check_env
+from dreamgym.envs.scienceworld.env import ScienceWorldEnv, ScienceWorldError
+from dreamgym.envs.scienceworld.observation import (
+    FIND_VERBS,
+    abstract_state,
+    as_offered,
+    as_played,
+    item_from_line,
+    kept_actions,
+    objects_of,
+    parent_ids,
+    resolved_action,
+)
+from dreamgym.envs.scienceworld.tasks import load_task, write_tasks
+from dreamgym.state import parse_state
+
+KITCHEN = """This room is called the kitchen. In it, you see:
+\tthe agent
+\ta substance called air
+\ta counter. On the counter is: a bowl (containing a red apple, a banana), a drawer.
+\ta glass jar (containing a substance called sodium chloride)
+\ta red box (containing nothing)
+\ta stove, which is turned off. On the stove is: nothing.
+You also see:
+\tA door to the hallway (that is open)"""
+CARRYING = "In your inventory, you see:\n\tan orange\n\ta blue jay egg\n"
+
+
+def test_items_read_from_scienceworld_lines():
+    assert item_from_line("\ta substance called air") is None
+    assert item_from_line("\tthe agent") is None
+    assert item_from_line("\tA door to the kitchen (that is open)") == "door to kitchen (open)"
+    assert item_from_line("\ta glass jar (containing a substance called sodium chloride)") == (
+        "glass jar (containing sodium chloride)"
+    )
+    assert item_from_line("\ta counter. On the counter is: a bowl (containing a red apple, a banana), a drawer.") == (
+        "counter (on it: bowl [containing red apple, banana], drawer)"
+    )
+    assert item_from_line("\ta stove, which is turned off. On the stove is: nothing.") == (
+        "stove (which is turned off, on it: nothing)"
+    )
+
+
+def test_state_offers_the_actions_a_find_task_needs():
+    valid = [
+        "focus on red box",
+        "focus on agent",
+        "focus on door to hallway",
+        "go to hallway",
+        "go to door to hallway",
+        "look around",
+        "look at stove",
+        "mix bowl",
+        "pick up glass jar",
+        "move blue jay to red box",
+        "move orange in inventory to stove",
+        "move glass jar to red box",
+        "move glass jar to stove",
+        "move orange to hallway",
+        "move orange to inventory",
+        "focus on book (frankenstein)",
+    ]
+    state = abstract_state(KITCHEN, CARRYING, valid, FIND_VERBS, "move it to the red box in the kitchen")
+    parse_state(state.to_text())  # a state the strict parser reads back
+    assert state.location == "kitchen"
+    assert state.inventory == ("blue jay egg", "orange")
+    assert "door to hallway (open)" in state.visible and not any(item == "air" for item in state.visible)
+    assert set(state.actions) == {
+        "focus on red box",
+        "go to hallway",
+        "look around",
+        "pick up glass jar",
+        "move blue jay to red box",  # carried, its words in another order
+        "move orange in inventory to stove",  # carried
+        "move glass jar to red box",  # not carried, but into the box the task names
+        "focus on book [frankenstein]",  # a name's parentheses as brackets
+    }
+    assert as_played("focus on book [frankenstein]") == "focus on book (frankenstein)"
+    assert as_offered(as_played("focus on book [frankenstein]")) == "focus on book [frankenstein]"
+
+
+def test_gold_actions_resolved_to_the_valid_ones_by_what_they_act_on():
+    referents = {
+        1: ["living thing", "frog egg", "egg frog"],
+        2: ["purple box"],
+        3: ["orange"],
+        4: ["living thing", "adult peach tree", "peach tree"],
+        5: ["living thing", "bee 0"],
+        6: ["flower pot 6", "flower pot"],
+        7: ["soil"],
+    }
+    templates = [
+        ("move egg frog to purple box", [1, 2]),
+        ("move orange in inventory to purple box", [3, 2]),
+        ("focus on adult peach tree", [4]),
+        ("focus on bee 0", [5]),
+        ("focus on soil in flower pot 6", [7]),
+    ]
+    held_by = {4: 6, 7: 6, 5: 99}
+    asked = []
+
+    def parents():
+        asked.append(1)
+        return held_by
+
+    assert resolved_action("move egg frog in inventory to purple box", templates, referents, parents) == (
+        "move egg frog to purple box"
+    )
+    assert not asked  # one thing of that name: the tree is not asked for
+    # 'living thing' names three things: the one in flower pot 6 is meant
+    assert resolved_action("focus on living thing in flower pot 6", templates, referents, parents) == (
+        "focus on adult peach tree"
+    )
+    assert resolved_action("open door to kitchen", templates, referents, parents) is None  # it stands open
+    assert objects_of("pour cup containing blue paint in art studio into jug") == [
+        "cup containing blue paint in art studio",
+        "jug",
+    ]
+    assert parent_ids({"uuid": "1", "contents": {"a-2": {"uuid": "2", "contents": {"b-3": {"uuid": "3"}}}}}) == {
+        2: 1,
+        3: 2,
+    }
+
+
+def test_kept_actions_never_move_things_into_rooms():
+    kept = kept_actions(["move orange to kitchen", "move orange to red box"], "kitchen", [], ["orange"], FIND_VERBS, "")
+    assert kept == ["move orange to red box"]
+
+
+@pytest.fixture(scope="module")
+def find_tasks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sw") / "train"
+    return [
+        load_task(path) for path in write_tasks(["find-living-thing", "lifespan-longest-lived"], "train", 2, 0, out)
+    ]
+
+
+def test_task_files_hold_the_task_and_list_without_a_jvm(find_tasks):
+    task = find_tasks[0]
+    spec = json.loads(Path(task.game_file).read_text())
+    assert spec["task"] == "find-living-thing" and spec["simplification"] == "easy"
+    assert task.instruction.startswith("Your task is to find a(n) living thing")
+    assert task.env == "scienceworld" and task.max_score == 100
+
+
+def test_a_bad_task_file_is_refused_with_the_fix(tmp_path):
+    bad = tmp_path / "x.swtask"
+    bad.write_text("{not json")
+    with pytest.raises(GameFileError, match="not a valid ScienceWorld task file"):
+        load_task(bad)
+    with pytest.raises(GameFileError, match="dreamgym games --env scienceworld"):
+        load_task(tmp_path / "missing.swtask")
+
+
+def test_scienceworld_keeps_the_env_contract(find_tasks):
+    check_env(lambda: ScienceWorldEnv(max_steps=6), find_tasks[:2], seed=0)
+
+
+def test_the_expert_wins_every_task_through_the_adapter(find_tasks):
+    env = ScienceWorldEnv(max_steps=30)
+    try:
+        for task in find_tasks:
+            observation, info = env.reset(task)
+            rewards = []
+            while True:
+                action = info["expert_action"]
+                assert action in parse_state(observation).actions, (task.task_id, action)
+                observation, reward, terminated, truncated, info = env.step(action)
+                rewards.append(reward)
+                if terminated or truncated:
+                    break
+            assert info["won"] and not info["lost"] and terminated, task.task_id
+            assert info["score"] == 100 and 0 < sum(rewards) <= 100
+    finally:
+        env.close()
+
+
+def test_looking_around_keeps_the_expert_and_a_wrong_focus_loses(find_tasks):
+    env = ScienceWorldEnv(max_steps=30)
+    try:
+        observation, info = env.reset(find_tasks[0])
+        expert = info["expert_action"]
+        observation, _, _, _, info = env.step("look around")
+        assert info["expert_action"] == expert
+        wrong = next(a for a in parse_state(observation).actions if a.startswith("focus on") and "hallway" not in a)
+        _, reward, terminated, truncated, info = env.step(wrong)
+        assert terminated and not truncated and info["lost"] and info["score"] < 0 and reward < 0
+        assert info["expert_action"] is None
+    finally:
+        env.close()
+
+
+def test_a_killed_jvm_is_a_clear_error_and_the_next_reset_recovers(find_tasks):
+    env = ScienceWorldEnv(max_steps=30)
+    try:
+        env.reset(find_tasks[0])
+        env._backend._gateway.java_process.kill()
+        env._backend._gateway.java_process.wait(timeout=30)
+        started = time.monotonic()
+        with pytest.raises(ScienceWorldError, match=r"JVM stopped during task .* next reset"):
+            env.step("look around")
+        assert time.monotonic() - started < 30  # an error, not a hang
+        observation, info = env.reset(find_tasks[0])
+        assert parse_state(observation).location == "hallway" and info["expert_action"]
+    finally:
+        env.close()
