@@ -24,7 +24,7 @@ from pathlib import Path
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import generate_games, plan_games
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.envs.real import env_for, load_task
 from dreamgym.state import parse_state
 
 
@@ -37,7 +37,7 @@ def time_generation(count: int, workers: int, seed: int) -> float:
 
 
 def time_env(games: list[Path], steps_per_game: int, seed: int) -> tuple[float, float]:
-    env, rng = TextWorldEnv(max_steps=steps_per_game), random.Random(seed)
+    env, rng = env_for(games, steps_per_game), random.Random(seed)
     tasks = [load_task(game) for game in games]
     reset_seconds, step_seconds, steps = 0.0, 0.0, 0
     for task in tasks:

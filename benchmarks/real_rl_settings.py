@@ -23,7 +23,7 @@ from pathlib import Path
 from dreamgym.config import load_config
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.games import list_games
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.envs.real import env_for, load_task
 from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.model import load_policy
 from dreamgym.rl.loop import train_rl
@@ -42,14 +42,14 @@ def main() -> None:
     overrides = {key: json.loads(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
     config = load_config(args.params, {**overrides, "rl.env": "real"})
     project = args.params.resolve().parent
-    tasks = args.tasks or project / config.paths.data_dir / "games" / "train"
-    seeds = [load_task(game) for game in list_games(tasks)]
+    games = list_games(args.tasks or project / config.paths.data_dir / "games" / "train")
+    seeds = [load_task(game) for game in games]
     started = time.perf_counter()
     policy_dir = args.out / "policy"
     if not (policy_dir / "result.json").exists():
         policy_dir = train_rl(
             args.start,
-            lambda slot: TextWorldEnv(config.rl.max_steps),
+            lambda slot: env_for(games, config.rl.max_steps),
             Curriculum(seeds, config.curriculum, config.seed),
             config.rl,
             args.out,

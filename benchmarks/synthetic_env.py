@@ -27,8 +27,8 @@ from common import machine, model_setup
 
 from dreamgym.data.games import list_games
 from dreamgym.envs.dream_env import DreamEnv, step_together
+from dreamgym.envs.real import env_for, load_task
 from dreamgym.envs.recall import RecallingDynamics
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task
 from dreamgym.experience.generate import open_experience_model
 from dreamgym.experience.variations import seed_tasks
 from dreamgym.state import parse_state
@@ -105,7 +105,7 @@ def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, g
 
 
 def real_rate(games, steps: int, seed: int, max_steps: int) -> float:
-    rng, env, done, started = random.Random(seed), TextWorldEnv(max_steps=max_steps), 0, time.perf_counter()
+    rng, env, done, started = random.Random(seed), env_for(games, max_steps), 0, time.perf_counter()
     try:
         for game in games:
             observation, _ = env.reset(load_task(game))

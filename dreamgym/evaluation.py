@@ -1,10 +1,11 @@
-"""Real-environment evaluation of a policy: play held-out TextWorld games, report success.
+"""Real-environment evaluation of a policy: play held-out games (or tasks), report success.
 
-Every game is played `episodes_per_game` times in the real game (TextWorld), in batches of
-episodes side by side through `dreamgym.rl.rollout.play`, each batch slot with its own
-`TextWorldEnv` reused from batch to batch. One `torch.Generator` seeded from `seed` drives
-every sampled action, so the same policy, games, seed, batch size and step limit give the same
-report, also when sampling (`greedy=False`). Greedy episodes of one game repeat exactly, so
+Every game is played `episodes_per_game` times in the real environment (`envs/real.py`: TextWorld
+or ScienceWorld, by the games' files), in batches of episodes side by side through
+`dreamgym.rl.rollout.play`, each batch slot with its own environment reused from batch to
+batch. One `torch.Generator` seeded from `seed` drives every sampled action, so the same
+policy, games, seed, batch size and step limit give the same report, also when sampling
+(`greedy=False`). Greedy episodes of one game repeat exactly, so
 `episodes_per_game > 1` only adds information when sampling.
 
 Report (`EvaluationReport.summary`):
@@ -46,7 +47,7 @@ import torch
 
 from dreamgym.config import PipelineConfig, config_to_dict
 from dreamgym.data.games import list_games
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.envs.real import env_for, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.model import Policy
 from dreamgym.rl.rollout import Episode, RealBudget, play
@@ -172,7 +173,7 @@ def evaluate_policy(
         raise DreamgymError("no games to evaluate on; generate held-out games with `dreamgym games --split test`")
     plan = [(game, load_task(game), index) for game in games for index in range(episodes_per_game)]
     generator = torch.Generator().manual_seed(seed)
-    envs = [TextWorldEnv(max_steps=max_steps) for _ in range(min(batch, len(plan)))]
+    envs = [env_for(games, max_steps) for _ in range(min(batch, len(plan)))]
     records = []
     was_training = policy.training
     policy.eval()

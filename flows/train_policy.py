@@ -27,8 +27,8 @@ from dreamgym.data.games import games_if_any, list_games
 from dreamgym.data.harder_games import harder_game_writer
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
+from dreamgym.envs.real import env_for, load_task, tasks_at_start
 from dreamgym.envs.recall import RecallingDynamics
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task, tasks_at_start
 from dreamgym.evaluation import (
     current_eval_set,
     episodes_path,
@@ -263,7 +263,7 @@ def dream_rl_task(
                 return load_task(game) if game is not None else None
 
             real_check = RealCheck(
-                lambda: TextWorldEnv(config.rl.max_steps),
+                lambda: env_for(game_of.values(), config.rl.max_steps),
                 real_task,
                 config.rl.group_size,
                 config.rl.temperature,
@@ -303,11 +303,12 @@ def real_rl_task(
     """RL in the real training games and those of `task_games_dir` (the tasks RL in DreamEnv
     practises too), stopped after `budget` real transitions."""
     training = list_games(train_games_dir) if practises_training_tasks(config) else []
-    seeds = [load_task(game) for game in [*training, *games_if_any(task_games_dir)]]
+    games = [*training, *games_if_any(task_games_dir)]
+    seeds = [load_task(game) for game in games]
     curriculum = Curriculum(seeds, config.curriculum, config.seed)  # real games: no variations
     return train_rl(
         start,
-        lambda slot: TextWorldEnv(config.rl.max_steps),
+        lambda slot: env_for(games, config.rl.max_steps),
         curriculum,
         config.rl,
         out_dir,

@@ -121,7 +121,7 @@ def test_a_half_written_game_is_made_again(train_games, tmp_path):
 def test_list_games_explains_an_empty_or_missing_folder(tmp_path):
     with pytest.raises(DreamgymError, match="does not exist"):
         list_games(tmp_path / "nope")
-    with pytest.raises(DreamgymError, match=r"no \.z8 games"):
+    with pytest.raises(DreamgymError, match=r"no games \(\.z8\) or tasks \(\.swtask\)"):
         list_games(tmp_path)
 
 

@@ -4,7 +4,8 @@ import pytest
 
 from dreamgym.envs.base import EnvError, GameFileError, Task
 from dreamgym.envs.checker import EnvCheckError, check_env
-from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, compact_recipe, load_task, tasks_at_start
+from dreamgym.envs.real import tasks_at_start
+from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, compact_recipe, load_task
 from dreamgym.state import parse_state
 
 

@@ -50,7 +50,7 @@ def games(
 
 
 def collect(
-    games: Annotated[Path, typer.Option("--games", help="Folder of .z8 games.")],
+    games: Annotated[Path, typer.Option("--games", help="Folder of games (.z8) or ScienceWorld tasks (.swtask).")],
     out: Annotated[Path, typer.Option(help="Output Parquet file.")],
     episodes_per_game: Annotated[int | None, typer.Option(min=1, help="Episodes per game.")] = None,
     policy: Annotated[str | None, typer.Option(help="expert, noisy-expert or random.")] = None,
@@ -109,16 +109,17 @@ def validate(
 
 
 def check_env_command(
-    games: Annotated[Path, typer.Option("--games", help="Folder of .z8 games.")],
+    games: Annotated[Path, typer.Option("--games", help="Folder of games (.z8) or ScienceWorld tasks (.swtask).")],
     max_steps: Annotated[int | None, typer.Option(min=1, help="Step limit per episode.")] = None,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
-    """Run the environment conformance check on the TextWorld adapter over a folder of games."""
+    """Run the environment conformance check on the adapter of a folder's games (TextWorld or ScienceWorld)."""
     from dreamgym.data.games import list_games
     from dreamgym.envs.checker import check_env
-    from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+    from dreamgym.envs.real import env_for, load_task
 
     config = load(params, {"env.max_steps": max_steps})
-    tasks = [load_task(game) for game in list_games(games)]
-    check_env(lambda: TextWorldEnv(max_steps=config.env.max_steps), tasks)
+    files = list_games(games)
+    tasks = [load_task(game) for game in files]
+    check_env(lambda: env_for(files, config.env.max_steps), tasks)
     console.print(f"check_env passed on {len(tasks)} games")

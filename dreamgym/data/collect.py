@@ -51,7 +51,7 @@ from dreamgym.data.schema import (
 )
 from dreamgym.domain import named_domain
 from dreamgym.envs.base import Env, Task
-from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, load_task
+from dreamgym.envs.real import env_for, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.state import parse_state
 
@@ -213,7 +213,7 @@ def _play(
 
 def collect_game(game_file: str, settings: CollectionSettings, run_id: str | None) -> list[dict]:
     """Every episode of one game, as transition records (a unit of work a pool or a Ray worker runs)."""
-    env = TextWorldEnv(max_steps=settings.max_steps)
+    env = env_for([game_file], settings.max_steps)
     try:
         task = load_task(game_file)
         rows = [
@@ -235,7 +235,7 @@ def plan_collection(
 ) -> tuple[list[Path], dict, CollectionResult | None]:
     """The checked game files, the metadata a collection of them writes, and the collection
     already at `out` made the same way (None: collect it) — for `collect` and its pieces alike."""
-    checked = [check_game_file(game) for game in games]
+    checked = [Path(load_task(game).game_file) for game in games]
     if not checked:
         raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
     # format 2: rows record the expert's action; 3: a door says the way it leads (a file of an

@@ -38,6 +38,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
+from dreamgym.envs.real import task_files
 from dreamgym.envs.textworld_env import check_game_file
 from dreamgym.errors import DreamgymError
 
@@ -332,19 +333,19 @@ def generate_games(
 
 
 def games_if_any(games_dir: str | Path | None) -> list[Path]:
-    """The `.z8` games in a folder, sorted; none where no folder is given, it is not there or it is
-    empty (`games.task_count: 0` makes an empty one; a project from before it has none)."""
+    """The games (`.z8`) or tasks (`.swtask`) in a folder, sorted; none where no folder is given, it
+    is not there or it is empty (`games.task_count: 0` makes an empty one)."""
     if games_dir is None or not Path(games_dir).is_dir():
         return []
-    return sorted(Path(games_dir).glob("*.z8"))
+    return task_files(games_dir)
 
 
 def list_games(games_dir: str | Path) -> list[Path]:
-    """The complete `.z8` games in a folder, sorted; an error if there are none."""
+    """The games or tasks in a folder, sorted; an error if there are none."""
     games_dir = Path(games_dir)
     if not games_dir.is_dir():
         raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
     games = games_if_any(games_dir)
     if not games:
-        raise DreamgymError(f"no .z8 games in {games_dir}; generate games with `dreamgym games`")
+        raise DreamgymError(f"no games (.z8) or tasks (.swtask) in {games_dir}; generate them with `dreamgym games`")
     return games

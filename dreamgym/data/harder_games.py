@@ -26,7 +26,7 @@ from pathlib import Path
 from dreamgym.curriculum import WriteVariations
 from dreamgym.data.games import GameSpec, generate_games, spec_of
 from dreamgym.envs.base import Task
-from dreamgym.envs.textworld_env import tasks_at_start
+from dreamgym.envs.real import tasks_at_start
 
 logger = logging.getLogger(__name__)
 

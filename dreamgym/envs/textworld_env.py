@@ -14,11 +14,9 @@ same objective text ("check the cookbook ..."), so the recipe is what tells task
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import warnings
-from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
@@ -83,20 +81,6 @@ def load_task(game_file: str | Path) -> Task:
     """The task a game file poses (its id is the file's stem)."""
     path = check_game_file(game_file).resolve()
     return _read_task(str(path), path.stat().st_mtime_ns)
-
-
-def tasks_at_start(game_files: Iterable[str | Path]) -> list[Task]:
-    """The tasks `game_files` pose, each with its initial state, read by one reset and no step:
-    seed tasks of RL in DreamEnv for games no trajectory was collected from."""
-    env, tasks = TextWorldEnv(), []
-    try:
-        for game_file in game_files:
-            task = load_task(game_file)
-            initial_state, info = env.reset(task)
-            tasks.append(dataclasses.replace(task, initial_state=initial_state, max_score=int(info["max_score"])))
-    finally:
-        env.close()
-    return tasks
 
 
 def compact_recipe(recipe_text: str) -> str:
