@@ -29,6 +29,7 @@ from pydantic.dataclasses import dataclass
 
 from dreamgym.buffer.config import BufferConfig
 from dreamgym.data.config import MAX_SEED, CollectConfig, EnvConfig, GamesConfig, ValidationConfig
+from dreamgym.envs.scienceworld.config import ScienceWorldConfig
 from dreamgym.errors import ConfigError
 from dreamgym.experience.config import ExperienceConfig
 from dreamgym.ops.config import ComputeConfig, EvaluationConfig, PromotionConfig
@@ -75,6 +76,25 @@ class PipelineConfig:
     evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
     promotion: PromotionConfig = dataclasses.field(default_factory=PromotionConfig)
     compute: ComputeConfig = dataclasses.field(default_factory=ComputeConfig)
+    scienceworld: ScienceWorldConfig = dataclasses.field(default_factory=ScienceWorldConfig)
+
+    def __post_init__(self) -> None:
+        if self.env.name != "textworld":  # TextWorld cooking's rules and games do not apply
+            wrong = [
+                f"{key} is {value!r}, use {fix!r}"
+                for key, value, fix in (
+                    ("experience.domain", self.experience.domain, "none"),
+                    ("policy.domain", self.policy.domain, "none"),
+                    ("collect.domain", self.collect.domain, "none"),
+                    ("games.target", self.games.target, "same"),
+                )
+                if value != fix
+            ]
+            if self.curriculum.variations == "games":
+                wrong.append("curriculum.variations is 'games' (harder TextWorld games), use 'model'")
+            if wrong:
+                fixes = "; ".join(wrong)
+                raise ValueError(f"env.name is {self.env.name!r}, but {fixes} (params-scienceworld.yaml has them all)")
 
 
 # Keys an older params.yaml may still have (CHANGELOG.md): what to do about each, for its error.

@@ -1,10 +1,11 @@
 """Ingest flow: games → collect → validate → version → buffer upsert, logged to MLflow.
 
-Generates the training and held-out TextWorld games, collects offline trajectories on the
-training games, validates them with Great Expectations (quarantining bad rows), versions the
-dataset with DVC, and upserts the validated transitions into the replay buffer. One MLflow run
-records the parameters, the dataset (with the DVC md5 as its digest), the collection, validation
-and buffer metrics and the validation report.
+Generates the training and held-out TextWorld games (or writes ScienceWorld's task files, with
+`env.name: scienceworld`), collects offline trajectories on the training games, validates them
+with Great Expectations (quarantining bad rows), versions the dataset with DVC, and upserts the
+validated transitions into the replay buffer. One MLflow run records the parameters, the dataset
+(with the DVC md5 as its digest), the collection, validation and buffer metrics and the
+validation report.
 
 Every step reuses what is already there: existing games are not regenerated, a collection with
 the same games and settings is not repeated, and unchanged data keeps its DVC version.
@@ -35,6 +36,8 @@ from dreamgym.data.overview import plot_dataset
 from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
+from dreamgym.envs.scienceworld.config import ScienceWorldConfig
+from dreamgym.envs.scienceworld.tasks import write_tasks
 from dreamgym.errors import DreamgymError
 from dreamgym.ops.fanout import collect_in_pieces, generate_in_pieces
 from dreamgym.ops.tracking import stage_run
@@ -85,6 +88,32 @@ class IngestResult:
             ("stages done by an earlier run (cached)", ", ".join(self.cached_stages) or "none"),
             ("MLflow run", self.mlflow_run_id),
         ]
+
+
+@task(
+    name="write-scienceworld-tasks",
+    retries=1,
+    cache_key_fn=stage_key(params=("out_dir", "split", "per_type", "seed", "settings", "first"), outputs=("out_dir",)),
+)
+def scienceworld_tasks_task(
+    out_dir: str, split: str, per_type: int, seed: int, settings: ScienceWorldConfig, first: int = 0
+) -> list[str]:
+    paths = write_tasks(settings.tasks, split, per_type, seed, out_dir, first)
+    get_run_logger().info("%d ScienceWorld %s tasks in %s", len(paths), split, out_dir)
+    return [str(path) for path in paths]
+
+
+def scienceworld_games(config: PipelineConfig, games_dir: Path) -> tuple[list[str], list[str], list[str]]:
+    """The training, held-out and RL-practised tasks of `env.name: scienceworld`: variations of the
+    task types from ScienceWorld's train split (the practised ones after the training ones) and
+    from its test split."""
+    settings, seed = config.scienceworld, config.seed
+    train = scienceworld_tasks_task(str(games_dir / "train"), "train", settings.train_variations, seed, settings)
+    test = scienceworld_tasks_task(str(games_dir / "test"), "test", settings.test_variations, seed, settings)
+    practised = scienceworld_tasks_task(
+        str(games_dir / "tasks"), "train", settings.task_variations, seed, settings, first=settings.train_variations
+    )
+    return train, test, practised
 
 
 @task(
@@ -208,22 +237,32 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
     outputs_dir = project / config.paths.outputs_dir / "validation"
     settings = CollectionSettings.from_config(config)
     with stage_run("ingest", config, project, tags={"prefect.flow_run_id": str(flow_run.get_id())}) as run:
-        train_games = generate_games_task(
-            str(data_dir / "games" / "train"), "train", config.games.train_count, config.seed, config.games
-        )
-        target = target_settings(config.games)
         games_dir = data_dir / "games"
         test_games_dir = games_dir / target_folder("test", config.games)
-        test_games = generate_games_task(str(test_games_dir), "test", config.games.test_count, config.seed, target)
-        same_test_games_dir = None
-        if config.games.target != "same":
-            same_test_games_dir = games_dir / "test"
-            generate_games_task(str(same_test_games_dir), "test", config.games.test_count, config.seed, config.games)
-        # The games after the training ones: tasks for RL, no trajectories collected.
         task_games_dir = games_dir / target_folder("tasks", config.games)
-        task_games = generate_games_task(
-            str(task_games_dir), "train", config.games.task_count, config.seed, target, first=config.games.train_count
-        )
+        same_test_games_dir = None
+        if config.env.name == "scienceworld":
+            train_games, test_games, task_games = scienceworld_games(config, games_dir)
+        else:
+            train_games = generate_games_task(
+                str(games_dir / "train"), "train", config.games.train_count, config.seed, config.games
+            )
+            target = target_settings(config.games)
+            test_games = generate_games_task(str(test_games_dir), "test", config.games.test_count, config.seed, target)
+            if config.games.target != "same":
+                same_test_games_dir = games_dir / "test"
+                generate_games_task(
+                    str(same_test_games_dir), "test", config.games.test_count, config.seed, config.games
+                )
+            # The games after the training ones: tasks for RL, no trajectories collected.
+            task_games = generate_games_task(
+                str(task_games_dir),
+                "train",
+                config.games.task_count,
+                config.seed,
+                target,
+                first=config.games.train_count,
+            )
         stages = Stages()
         collection = stages.run(
             collect_task,

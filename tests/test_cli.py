@@ -48,7 +48,8 @@ def test_missing_game_file(train_games, tmp_path):
     # A game's metadata without its story file: the folder holds no playable game.
     (tmp_path / "only.json").write_bytes(train_games[0].with_suffix(".json").read_bytes())
     assert_one_line_error(
-        dreamgym("collect", "--games", str(tmp_path), "--out", str(tmp_path / "o.parquet")), "no games (.z8) or tasks (.swtask)"
+        dreamgym("collect", "--games", str(tmp_path), "--out", str(tmp_path / "o.parquet")),
+        "no games (.z8) or tasks (.swtask)",
     )
     assert_one_line_error(
         dreamgym("collect", "--games", str(tmp_path / "nope"), "--out", "o.parquet"), "does not exist"

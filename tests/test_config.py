@@ -117,3 +117,26 @@ def test_each_section_is_declared_beside_its_code_with_the_shared_helpers_only()
         }
         own = f"dreamgym.{path.parent.name}."
         assert {name for name in imported if not name.startswith(own)} == {"dreamgym.sections"}, path
+
+
+def test_the_scienceworld_preset_is_params_yaml_with_its_marked_lines_changed():
+    """params-scienceworld.yaml is valid, selects ScienceWorld and the generic path, and differs from
+    params.yaml only in lines that say why (# ScienceWorld), so the two cannot drift apart unseen."""
+    preset = PARAMS.with_name("params-scienceworld.yaml")
+    config = load_config(preset)
+    assert config.env.name == "scienceworld"
+    assert (config.experience.domain, config.policy.domain, config.collect.domain) == ("none", "none", "none")
+    base, section, unmarked = set(PARAMS.read_text().splitlines()), None, []
+    for line in preset.read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            section = line.split(":", 1)[0]
+        if line not in base and not line.startswith("#") and section != "scienceworld" and "ScienceWorld" not in line:
+            unmarked.append(line)
+    assert not unmarked, unmarked
+
+
+def test_scienceworld_refuses_textworld_rules_with_the_fix():
+    with pytest.raises(
+        ConfigError, match=r"env.name is 'scienceworld', but experience.domain is 'textworld-cooking', use 'none'"
+    ):
+        load_config(PARAMS, {"env.name": "scienceworld"})

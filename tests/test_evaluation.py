@@ -265,6 +265,10 @@ def test_eval_command_bad_input(policy_dir, test_games, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     error = invoke(str(policy_dir), empty)
-    assert isinstance(error, DreamgymError) and "no games (.z8) or tasks (.swtask)" in str(error) and "dreamgym games" in str(error)
+    assert (
+        isinstance(error, DreamgymError)
+        and "no games (.z8) or tasks (.swtask)" in str(error)
+        and "dreamgym games" in str(error)
+    )
     error = invoke(str(tmp_path / "no-policy"), test_games[0].parent)
     assert isinstance(error, DreamgymError) and "no such folder" in str(error) and "models:/" in str(error)

@@ -19,7 +19,8 @@ def games(
         typer.Option(
             min=0,
             max=GAME_SEED_STRIDE,
-            help="Games to make [default: games.train_count, or games.test_count for held-out splits].",
+            help="Games to make [default: games.train_count, or games.test_count for held-out splits]; "
+            "ScienceWorld: variations per task type.",
         ),
     ] = None,
     seed: Annotated[int | None, typer.Option(min=0, max=MAX_SEED, help="Base seed [default: params seed].")] = None,
@@ -35,12 +36,22 @@ def games(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Generate TextWorld cooking games (skips those that exist). Settings other than the training
-    data's make a shifted set: `--split test --recipe 3 --go 9 --out data/games/shifted`."""
+    data's make a shifted set: `--split test --recipe 3 --go 9 --out data/games/shifted`. With
+    `env.name: scienceworld`: ScienceWorld task files, `--count` variations per task type."""
     from dreamgym.data.games import check_split, generate_games, plan_games
 
     check_split(split)
     settings = {"games.recipe": recipe, "games.take": take, "games.go": go}
     config = load(params, {"games.workers": workers, "seed": seed} | {k: v for k, v in settings.items() if v})
+    if config.env.name == "scienceworld":
+        from dreamgym.envs.scienceworld.tasks import write_tasks
+
+        sw = config.scienceworld
+        per_type = count if count is not None else sw.train_variations if split == "train" else sw.test_variations
+        out = out or params.resolve().parent / config.paths.data_dir / "games" / split
+        paths = write_tasks(sw.tasks, {"valid": "dev"}.get(split, split), per_type, config.seed, out)
+        console.print(f"{len(paths)} ScienceWorld {split} tasks in {out} ({per_type} per task type)")
+        return
     if count is None:  # held-out splits (valid, test) share test_count
         count = config.games.train_count if split == "train" else config.games.test_count
     seed = config.seed

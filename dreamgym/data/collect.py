@@ -50,8 +50,8 @@ from dreamgym.data.schema import (
     write_transitions,
 )
 from dreamgym.domain import named_domain
-from dreamgym.envs.base import Env, Task
-from dreamgym.envs.real import env_for, load_task
+from dreamgym.envs.base import Env, EnvCrashed, Task
+from dreamgym.envs.real import environment_of, load_task, real_env
 from dreamgym.errors import DreamgymError
 from dreamgym.state import parse_state
 
@@ -211,19 +211,41 @@ def _play(
     return rows
 
 
+# One real environment per process and kind, reused game after game: ScienceWorld's JVM takes
+# seconds to start. `close_environments` closes them.
+_ENVIRONMENTS: dict[tuple[str, int], Env] = {}
+
+
+def _environment(game_file: str, max_steps: int) -> Env:
+    key = (environment_of(game_file), max_steps)
+    if key not in _ENVIRONMENTS:
+        _ENVIRONMENTS[key] = real_env(key[0], max_steps, expert=True)
+    return _ENVIRONMENTS[key]
+
+
+def close_environments() -> None:
+    while _ENVIRONMENTS:
+        _ENVIRONMENTS.popitem()[1].close()
+
+
 def collect_game(game_file: str, settings: CollectionSettings, run_id: str | None) -> list[dict]:
-    """Every episode of one game, as transition records (a unit of work a pool or a Ray worker runs)."""
-    env = env_for([game_file], settings.max_steps)
-    try:
-        task = load_task(game_file)
-        rows = [
-            row
-            for episode in range(settings.episodes_per_game)
-            for row in play_episode(env, task, settings, episode, run_id)
-        ]
-        return rows + play_mistake_episodes(env, task, settings, run_id)
-    finally:
-        env.close()
+    """Every episode of one game, as transition records (a unit of work a pool or a Ray worker runs).
+    Where the environment's process dies (`EnvCrashed`), the game is played again from its first
+    episode, once: its rows are kept whole or not at all."""
+    task = load_task(game_file)
+    for attempt in (1, 2):
+        env = _environment(game_file, settings.max_steps)
+        try:
+            rows = [
+                row
+                for episode in range(settings.episodes_per_game)
+                for row in play_episode(env, task, settings, episode, run_id)
+            ]
+            return rows + play_mistake_episodes(env, task, settings, run_id)
+        except EnvCrashed:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _games_digest(games: Sequence[Path]) -> list[list[str]]:
@@ -281,9 +303,12 @@ def collect(
     rows_by_game: dict[str, list[dict]] = {}
     with tqdm(total=len(games), desc=f"collect → {out.name}", unit="game", disable=not progress) as bar:
         if workers == 1:  # no pool: a worker process costs seconds to start (it imports TextWorld)
-            for game in games:
-                rows_by_game[str(game)] = collect_game(str(game), settings, run_id)
-                bar.update()
+            try:
+                for game in games:
+                    rows_by_game[str(game)] = collect_game(str(game), settings, run_id)
+                    bar.update()
+            finally:
+                close_environments()
         else:
             context = multiprocessing.get_context("spawn")  # forking a threaded process is unsafe
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:

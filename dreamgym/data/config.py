@@ -94,6 +94,13 @@ class GamesConfig:
 class EnvConfig:
     """The real environment."""
 
+    name: Annotated[
+        Literal["textworld", "scienceworld"],
+        described(
+            "The real environment: TextWorld cooking games (the `games` section) or ScienceWorld tasks (the "
+            "`scienceworld` section; params-scienceworld.yaml is its preset)."
+        ),
+    ] = "textworld"
     max_steps: Annotated[int, described("Steps before an episode is truncated.", ge=1, le=1000)] = 50
 
 

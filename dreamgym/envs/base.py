@@ -59,5 +59,10 @@ class EnvError(DreamgymError):
     """An environment was used wrongly (stepped before reset or after the episode ended)."""
 
 
+class EnvCrashed(EnvError):
+    """The process behind an environment died (ScienceWorld's JVM): the running episode is lost,
+    and the next `reset` starts the process again."""
+
+
 class GameFileError(DreamgymError):
     """A game file is missing, unreadable or not a TextWorld game."""

@@ -41,12 +41,14 @@ def load_task(path: str | Path) -> Task:
     return load_textworld_task(path)
 
 
-def real_env(name: str, max_steps: int) -> Env:
-    """A fresh real environment of kind `name` ('textworld' or 'scienceworld')."""
+def real_env(name: str, max_steps: int, expert: bool = False) -> Env:
+    """A fresh real environment of kind `name` ('textworld' or 'scienceworld'). `expert`: whether
+    `info["expert_action"]` must be given where the environment has to work it out (collection
+    needs it; evaluation and RL do not, and ScienceWorld's costs ~0.1 s a step)."""
     if name == "scienceworld":
         from dreamgym.envs.scienceworld.env import ScienceWorldEnv
 
-        return ScienceWorldEnv(max_steps=max_steps)
+        return ScienceWorldEnv(max_steps=max_steps, expert=expert)
     if name == "textworld":
         from dreamgym.envs.textworld_env import TextWorldEnv
 
@@ -54,7 +56,7 @@ def real_env(name: str, max_steps: int) -> Env:
     raise ValueError(f"{name!r} names no real environment: use one of {', '.join(sorted(set(ENVIRONMENTS.values())))}")
 
 
-def env_for(paths: Iterable[str | Path], max_steps: int) -> Env:
+def env_for(paths: Iterable[str | Path], max_steps: int, expert: bool = False) -> Env:
     """A real environment that plays every task of `paths` (one kind: a mixed folder is refused)."""
     kinds = {environment_of(path) for path in paths}
     if len(kinds) != 1:
@@ -62,7 +64,7 @@ def env_for(paths: Iterable[str | Path], max_steps: int) -> Env:
             f"tasks of {len(kinds) or 'no'} environments ({', '.join(sorted(kinds))}) were given to be played "
             "together: keep one environment's tasks per folder"
         )
-    return real_env(kinds.pop(), max_steps)
+    return real_env(kinds.pop(), max_steps, expert)
 
 
 def task_files(folder: str | Path) -> list[Path]:

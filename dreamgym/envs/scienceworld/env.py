@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from dreamgym.envs.base import EnvError, Info, StepResult, Task
+from dreamgym.envs.base import EnvCrashed, EnvError, Info, StepResult, Task
 from dreamgym.envs.scienceworld.observation import (
     FIND_VERBS,
     abstract_state,
@@ -31,6 +31,7 @@ from dreamgym.envs.scienceworld.observation import (
     as_played,
     parent_ids,
     resolved_action,
+    verb_of,
 )
 from dreamgym.envs.scienceworld.tasks import ENV_NAME, read_spec
 from dreamgym.state import format_state
@@ -40,7 +41,7 @@ MAX_SCORE = 100
 _BACKEND_STEP_LIMIT = 10**6
 
 
-class ScienceWorldError(EnvError):
+class ScienceWorldError(EnvCrashed):
     """ScienceWorld's JVM could not be started or stopped answering."""
 
 
@@ -67,11 +68,12 @@ class ScienceWorldEnv:
 
     name = ENV_NAME
 
-    def __init__(self, max_steps: int = 50, verbs: Sequence[str] = FIND_VERBS):
+    def __init__(self, max_steps: int = 50, verbs: Sequence[str] = FIND_VERBS, expert: bool = True):
         if max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         self.max_steps = max_steps
         self.verbs = tuple(verbs)
+        self.expert = expert  # off: `expert_action` is None (evaluation and RL need none; it costs ~0.1 s a step)
         self._backend = None
         self._task: Task | None = None
         self._done = True
@@ -80,6 +82,7 @@ class ScienceWorldEnv:
         self._gold: list[str] = []
         self._next_gold = 0
         self._on_path = False
+        self._expert_now: str | None = None
         self._state = None
         self._valid: list[str] = []
 
@@ -103,7 +106,8 @@ class ScienceWorldEnv:
                 ) from None
         self._task, self._done, self._steps = task, False, 0
         self._score = int(info["score"])
-        self._gold, self._next_gold, self._on_path = list(self._backend.get_gold_action_sequence()), 0, True
+        self._gold = list(self._backend.get_gold_action_sequence()) if self.expert else []
+        self._next_gold, self._on_path = 0, self.expert
 
         observation, out = self._observe(info, "")
         return observation, self._with_expert(out)
@@ -121,7 +125,7 @@ class ScienceWorldEnv:
             raise EnvError("step() called after the episode ended; call reset() to start another")
         if not isinstance(action, str):
             raise EnvError(f"actions are text, got {type(action).__name__}")
-        before, expert = self._state, self._expert()
+        before, expert = self._state, self._expert_now
         try:
             feedback, _, completed, info = self._backend.step(as_played(" ".join(action.split())) or "look around")
         except Exception as error:
@@ -167,7 +171,8 @@ class ScienceWorldEnv:
         return format_state(self._state), out
 
     def _with_expert(self, info: Info) -> Info:
-        return {**info, "expert_action": None if self._done else self._expert()}
+        self._expert_now = None if self._done else self._expert()
+        return {**info, "expert_action": self._expert_now}
 
     def _expert(self) -> str | None:
         """The gold path's next action that changes something, as the state offers it."""
@@ -180,6 +185,9 @@ class ScienceWorldEnv:
         return None
 
     def _resolved(self, gold: str) -> str | None:
+        verb = verb_of(gold)
+        if not any(verb_of(action) == verb for action in self._valid):
+            return None  # nothing to resolve to (no door is closed to be opened): no call to the JVM
         backend = self._backend
         templates = [(t["action"], t["obj_ids"]) for t in backend.get_valid_action_object_combinations_with_templates()]
         referents = {int(i): v["referents"] for i, v in backend.get_all_object_ids_types_referents_LUTJSON().items()}

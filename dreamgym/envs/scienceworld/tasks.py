@@ -19,17 +19,6 @@ from dreamgym.envs.base import GameFileError, Task
 
 ENV_NAME = "scienceworld"
 SUFFIX = ".swtask"
-# Short tasks (5-10 gold steps) with many variations, solved with the five verbs of
-# `observation.FIND_VERBS`: what a small policy can learn on 2 cores (measured: results log,
-# 2026-12-05). The other 24 types of ScienceWorld are selectable by name.
-FIND_TASKS = (
-    "find-animal",
-    "find-living-thing",
-    "find-non-living-thing",
-    "find-plant",
-    "lifespan-longest-lived",
-    "lifespan-shortest-lived",
-)
 SIMPLIFICATION = "easy"  # doors stand open, teleporting is allowed, no electrical subtleties
 
 
@@ -76,9 +65,12 @@ def variations(backend, task: str, split: str) -> list[int]:
     )
 
 
-def write_tasks(task_types: Sequence[str], split: str, per_type: int, seed: int, out_dir: str | Path) -> list[Path]:
-    """`per_type` variations of each type of `task_types`, drawn with `seed` from the type's
-    `split` variations, written to `out_dir` (a file that exists is kept). Returns every path."""
+def write_tasks(
+    task_types: Sequence[str], split: str, per_type: int, seed: int, out_dir: str | Path, first: int = 0
+) -> list[Path]:
+    """`per_type` variations of each type of `task_types` from the type's `split` variations, in
+    the order `seed` shuffles them, from the `first`-th on (the training tasks, then the ones RL
+    practises after them), written to `out_dir` (a file that exists is kept). Returns every path."""
     from dreamgym.envs.scienceworld.env import started_backend
 
     out_dir = Path(out_dir)
@@ -91,8 +83,8 @@ def write_tasks(task_types: Sequence[str], split: str, per_type: int, seed: int,
             if task not in known:
                 raise GameFileError(f"ScienceWorld has no task type {task!r}; choose from {', '.join(sorted(known))}")
             pool = variations(backend, task, split)
-            chosen = sorted(random.Random(f"{seed}-{task}-{split}").sample(pool, min(per_type, len(pool))))
-            for variation in chosen:
+            random.Random(f"{seed}-{task}-{split}").shuffle(pool)
+            for variation in sorted(pool[first : first + per_type]):
                 path = out_dir / f"sw-{task}-v{variation}{SUFFIX}"
                 if not path.is_file():
                     backend.load(task, variation, SIMPLIFICATION)
