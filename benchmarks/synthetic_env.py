@@ -6,7 +6,7 @@
 
 For each batch size B: B DreamEnvs on seed tasks, all stepped by one `step_together` call per
 step, `--steps` seeded random available actions; synthetic transitions/s (medians of --repeats)
-and the parse-failure rate, beside real TextWorld steps/s on the training games.
+and the parse-failure rate, beside the real environment's steps/s on the training games.
 
 With `--policy`, also GRPO's rollouts: B/4 seed tasks, groups of 4 rollouts sampled by that policy
 to the end (DreamEnv's time only), then the same with recorded real steps recalled as the pipeline
@@ -27,7 +27,7 @@ from common import machine, model_setup
 
 from dreamgym.data.games import list_games
 from dreamgym.envs.dream_env import DreamEnv, step_together
-from dreamgym.envs.real import env_for, load_task
+from dreamgym.envs.real import env_for, environment_of, load_task
 from dreamgym.envs.recall import RecallingDynamics
 from dreamgym.experience.generate import open_experience_model
 from dreamgym.experience.variations import seed_tasks
@@ -179,14 +179,14 @@ def main() -> None:
                     }
                     print(f"batch {batch:3d}, GRPO groups of 4, {name}: {report[name][batch]}", flush=True)
     games = list_games(project / config.paths.data_dir / "games" / "train")[: args.real_games]
-    real_rate(games[:1], 2, 0, config.env.max_steps)  # warm-up: TextWorld import
+    real_rate(games[:1], 2, 0, config.env.max_steps)  # warm-up: TextWorld's import, ScienceWorld's JVM
     real = [real_rate(games, args.steps * 4, seed, config.env.max_steps) for seed in range(args.repeats)]
     report["real_steps_per_s"] = statistics.median(real)
     report["real_runs"] = real
     rates = {b: report["synthetic"][b]["transitions_per_s"] for b in args.batches}
     if 1 in rates:
         report["speedup_over_batch_1"] = {b: rate / rates[1] for b, rate in rates.items()}
-    print(f"real TextWorld: {report['real_steps_per_s']:.1f} steps/s")
+    print(f"real {environment_of(games[0])}: {report['real_steps_per_s']:.1f} steps/s")
     print(json.dumps({k: v for k, v in report.items() if k in ("model", "machine", "speedup_over_batch_1")}))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
