@@ -2,6 +2,7 @@
 
 import pytest
 
+from dreamgym.data.games import generate_games, spec_of
 from dreamgym.envs.base import EnvError, GameFileError, Task
 from dreamgym.envs.checker import EnvCheckError, check_env
 from dreamgym.envs.real import tasks_at_start
@@ -139,4 +140,72 @@ def test_a_games_task_at_its_start_is_its_first_observation(task_games, train_ga
         assert task.initial_state == observation and task.game_file == str(game.resolve())
         assert task.task_id == game.stem and task.max_score == info["max_score"]
         assert parse_state(task.initial_state).actions
+    env.close()
+
+
+# An RL policy's greedy episode on the headroom game below, up to its 41st step: after it, "go west"
+# sent TextWorld's walkthrough planner round a four-move loop forever, and a policy evaluation hung.
+LOOPING_GAME = "cooking-test-r2t2g9-okc-s9100016"
+LOOPING_EPISODE = [
+    "open plain door",
+    "go west",
+    "open fridge",
+    "close fridge",
+    "look",
+    "take cookbook from table",
+    "open fridge",
+    "close fridge",
+    "look",
+    "go west",
+    "go east",
+    "drop cookbook",
+    "open fridge",
+    "close fridge",
+    "look",
+    "take cookbook",
+    "go east",
+    "go west",
+    "put cookbook on counter",
+    "open fridge",
+    "close fridge",
+    "look",
+    "take cookbook from counter",
+    "close plain door",
+    "open fridge",
+    "look",
+    "close fridge",
+    "look",
+    "go west",
+    "put cookbook on sofa",
+    "go east",
+    "open fridge",
+    "look",
+    "close fridge",
+    "look",
+    "go west",
+    "take cookbook from sofa",
+    "go south",
+    "go east",
+    "open patio door",
+]
+
+
+@pytest.mark.timeout(60)
+def test_a_walkthrough_textworld_plans_round_a_loop_is_no_expert_action_not_a_hang(tmp_path):
+    [game], _ = generate_games([spec_of(LOOPING_GAME)], tmp_path, workers=1, progress=False)
+    env = TextWorldEnv(max_steps=50)
+    _, info = env.reset(load_task(game))
+    first_expert_action = info["expert_action"]
+    for action in LOOPING_EPISODE:
+        observation, _, terminated, _, info = env.step(action)
+        assert not terminated and info["expert_action"] is not None
+    assert parse_state(observation).location == "corridor"
+    observation, reward, terminated, truncated, info = env.step("go west")
+    assert parse_state(observation).location != "corridor" and info["expert_action"] is None
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    # The episode plays on, without a walkthrough; the next one plans again from the start.
+    after, _, _, _, info = env.step("go east")
+    assert parse_state(after).location == "corridor" and info["expert_action"] is None
+    _, info = env.reset(load_task(game))
+    assert info["expert_action"] == first_expert_action
     env.close()

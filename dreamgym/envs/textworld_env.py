@@ -10,6 +10,10 @@ nothing, as in the game itself.
 
 The task instruction is the game's objective followed by its recipe: every cooking game has the
 same objective text ("check the cookbook ..."), so the recipe is what tells tasks apart.
+
+`expert_action` is the first command of the walkthrough TextWorld plans again after every step
+(its `policy_commands`). Where its planner loops (`WALKTHROUGH_LIMIT`), the rest of the episode
+has none: `expert_action` is None, and the game plays on as before.
 """
 
 from __future__ import annotations
@@ -32,6 +36,61 @@ _HIDDEN_TYPES = {"P", "I", "r", "RECIPE", "ingredient"}
 # `east_of(b, a)`: room b lies east of room a.
 _DIRECTION_FACTS = {f"{way}_of": way for way in ("north", "south", "east", "west")}
 _Z8_HEADER_BYTES = 64
+# TextWorld (1.7) plans its walkthrough by popping the leaves of a tree of the quests' actions
+# (`ActionDependencyTree.flatten`), pushing back the reverse of each move it pops that undoes a
+# step of another quest. After some wandering two quests can push each other's moves back for
+# ever: `go south, go south, go north, go north, ...`, and `step` never returned (an RL policy's
+# 41st step in cooking-test-r2t2g9-okc-s9100016 hung a whole evaluation; tests/test_textworld_env.py
+# replays it). A walkthrough this long is such a loop: these games' walkthroughs are a few dozen
+# actions, and 1000 pops take ~0.2 s.
+WALKTHROUGH_LIMIT = 1000
+
+
+class _WalkthroughLoop(Exception):
+    """TextWorld's walkthrough planner went past `WALKTHROUGH_LIMIT` actions."""
+
+
+def _bound_walkthroughs() -> None:
+    """Make TextWorld's walkthrough planner stop at `WALKTHROUGH_LIMIT` actions (once per process).
+
+    A planner that loops raises `_WalkthroughLoop`; caught where a game's progression is updated
+    or its walkthrough asked for, it ends the quest tracking of that game's episode (as TextWorld's
+    own `GameProgression(track_quests=False)`), so the walkthrough is None till the next reset.
+    The world's state, the admissible commands, the score and the win or loss do not come from
+    the quests: they stay exact."""
+    from textworld.generator.game import ActionDependencyTree, GameProgression
+
+    if getattr(ActionDependencyTree.flatten, "bounded", False):
+        return
+    flatten, update, winning_policy = (
+        ActionDependencyTree.flatten,
+        GameProgression.update,
+        GameProgression.winning_policy.fget,
+    )
+
+    def bounded_flatten(tree):
+        for count, action in enumerate(flatten(tree)):
+            if count == WALKTHROUGH_LIMIT:
+                raise _WalkthroughLoop
+            yield action
+
+    def guarded_update(progression, action):
+        try:
+            update(progression, action)  # the world's state first, then the quests
+        except _WalkthroughLoop:
+            progression.quest_progressions = []
+
+    def guarded_winning_policy(progression):
+        try:
+            return winning_policy(progression)
+        except _WalkthroughLoop:
+            progression.quest_progressions = []
+            return None
+
+    bounded_flatten.bounded = True
+    ActionDependencyTree.flatten = bounded_flatten
+    GameProgression.update = guarded_update
+    GameProgression.winning_policy = property(guarded_winning_policy)
 
 
 def check_game_file(game_file: str | Path) -> Path:
@@ -175,6 +234,7 @@ class TextWorldEnv:
     def reset(self, task: Task) -> tuple[str, Info]:
         import textworld  # slow import, only when a game is played
 
+        _bound_walkthroughs()
         if task.game_file is None:
             raise EnvError(f"task {task.task_id} has no game file; TextWorld tasks come from `load_task(game_file)`")
         game_file = str(check_game_file(task.game_file))
