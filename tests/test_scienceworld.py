@@ -282,3 +282,35 @@ def test_bc_on_a_few_variations_wins_them(sw_offline, practised, tmp_path):
     cloned = train_bc(bc_examples(rows, small, kept), small, tmp_path / "bc", seed=0, kept=kept, progress=False)
     report = evaluate_policy(load_policy(cloned.model_dir), practised, 1, seed=0, max_steps=20, progress=False)
     assert report.summary["success_rate"] >= 2 / 3, report.records
+
+
+def test_the_experience_model_learns_scienceworld_steps_and_predicts_a_held_out_episode(sw_offline, tmp_path):
+    """A tiny experience model on the generic path (no TextWorld rule), trained on one expert
+    episode of a task, predicts the steps of another episode of that task it never saw."""
+    import dataclasses
+
+    from conftest import TINY_EXPERIENCE, train_experience
+
+    from dreamgym.data.schema import read_transitions
+    from dreamgym.experience.examples import build_examples
+    from dreamgym.experience.fidelity import evaluate
+    from dreamgym.experience.generate import ExperienceModel, save_settings
+    from dreamgym.lm.model import load_model
+
+    settings = dataclasses.replace(
+        TINY_EXPERIENCE, domain="none", learnt_actions=False, max_length=2560, max_new_tokens=1200
+    )  # entering a room writes out its actions: ~1,100 tokens
+    rows = read_transitions(sw_offline).to_pylist()
+    episodes: dict[str, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: (r["trajectory_id"], r["step"])):
+        episodes.setdefault(row["trajectory_id"], []).append(row)
+    won = [steps for steps in episodes.values() if steps[-1]["won"] and steps[0]["task_id"] == rows[0]["task_id"]]
+    assert len(won) >= 2, "two winning episodes of one task"
+    trained, held_out = won[0], won[1]
+    assert {r["trajectory_id"] for r in held_out}.isdisjoint(r["trajectory_id"] for r in trained)
+    result = train_experience(build_examples(None, None, trained, settings, ef_search=40), settings, tmp_path)
+    save_settings(result.model_dir, settings)
+    model, tokenizer = load_model(result.model_dir)
+    report = evaluate(ExperienceModel(model, tokenizer, settings), held_out, horizon=1)
+    assert report.summary["parse_failure_rate"] == 0.0
+    assert report.summary["next_state_exact_match"] >= 0.5 and report.summary["reward_accuracy"] >= 0.5
