@@ -35,7 +35,6 @@ from dreamgym.experience.examples import build_examples, history_of, neighbours,
 from dreamgym.experience.format import (
     FormatError,
     Worked,
-    acted_object,
     applied,
     apply_delta,
     example_changes,
@@ -52,7 +51,7 @@ from dreamgym.experience.format import (
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names
 from dreamgym.renaming import Renamer, invented_names
-from dreamgym.state import AbstractState, format_state, item_name, parse_state
+from dreamgym.state import AbstractState, acted_object, format_state, item_name, parse_state
 
 STATE = AbstractState(
     "kitchen", ("fridge (closed)", "knife (on table)", "table"), (), ("open fridge", "take knife from table")

@@ -28,8 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dreamgym.experience.format import acted_object, task_mentions, whole_word
-from dreamgym.state import AbstractState, item_name
+from dreamgym.state import AbstractState, acted_object, item_name, task_mentions, whole_word
 
 _OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
 _INGREDIENTS = re.compile(r"\bingredients: (.*?)\. directions:")

@@ -33,9 +33,9 @@ from functools import lru_cache
 
 from dreamgym.domain import NO_RULES, Domain
 from dreamgym.experience.affordances import template_of
-from dreamgym.experience.format import LIST_FIELDS, fits, state_delta, whole_word
+from dreamgym.experience.format import LIST_FIELDS, fits, state_delta
 from dreamgym.placeholders import Placeholders
-from dreamgym.state import AbstractState, item_name, parse_state
+from dreamgym.state import AbstractState, item_name, parse_state, whole_word
 
 # Bumped whenever the ranking changes which examples are shown, or their adaptation
 # (examples.adapted_examples) how: built examples keyed on it are then built again instead of reused.
