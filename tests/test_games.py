@@ -23,7 +23,7 @@ from dreamgym.data.games import (
     target_folder,
     target_settings,
 )
-from dreamgym.envs.textworld_env import GameFileError
+from dreamgym.envs.textworld.env import GameFileError
 from dreamgym.errors import DreamgymError
 
 

@@ -12,7 +12,7 @@ from dreamgym.curriculum import Curriculum, state_verbs
 from dreamgym.data.games import GameSpec, game_setting, spec_of
 from dreamgym.data.harder_games import harder_game_writer, harder_specs
 from dreamgym.envs.real import tasks_at_start
-from dreamgym.envs.textworld_env import TextWorldEnv
+from dreamgym.envs.textworld.env import TextWorldEnv
 from dreamgym.rl.config import CurriculumConfig
 from dreamgym.state import parse_state
 

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
 from dreamgym.envs.real import task_files
-from dreamgym.envs.textworld_env import check_game_file
+from dreamgym.envs.textworld.env import check_game_file
 from dreamgym.errors import DreamgymError
 
 GAME_SUFFIXES = (".z8", ".json", ".ni")

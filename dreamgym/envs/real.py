@@ -3,7 +3,7 @@
 Collection, evaluation, real-environment RL and the initial states of DreamEnv's seed tasks need
 a real environment; they ask this module for the task a file poses and for an environment that
 plays it, and never import an environment's package. A TextWorld cooking game is a compiled
-`.z8` story (`envs/textworld_env.py`); a ScienceWorld task is a `.swtask` file naming a task type
+`.z8` story (`envs/textworld/env.py`); a ScienceWorld task is a `.swtask` file naming a task type
 and variation (`envs/scienceworld/`). A folder of tasks holds one kind.
 """
 
@@ -36,7 +36,7 @@ def load_task(path: str | Path) -> Task:
         from dreamgym.envs.scienceworld.tasks import load_task as load_scienceworld_task
 
         return load_scienceworld_task(path)
-    from dreamgym.envs.textworld_env import load_task as load_textworld_task
+    from dreamgym.envs.textworld.env import load_task as load_textworld_task
 
     return load_textworld_task(path)
 
@@ -50,7 +50,7 @@ def real_env(name: str, max_steps: int, expert: bool = False) -> Env:
 
         return ScienceWorldEnv(max_steps=max_steps, expert=expert)
     if name == "textworld":
-        from dreamgym.envs.textworld_env import TextWorldEnv
+        from dreamgym.envs.textworld.env import TextWorldEnv
 
         return TextWorldEnv(max_steps=max_steps)
     raise ValueError(f"{name!r} names no real environment: use one of {', '.join(sorted(set(ENVIRONMENTS.values())))}")
