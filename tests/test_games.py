@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from dreamgym.data.config import GamesConfig
 from dreamgym.data.games import (
     _SERIAL_AT,
     STORY_SERIAL,
@@ -23,6 +22,7 @@ from dreamgym.data.games import (
     target_folder,
     target_settings,
 )
+from dreamgym.envs.textworld.config import GamesConfig
 from dreamgym.envs.textworld.env import GameFileError
 from dreamgym.errors import DreamgymError
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from dreamgym.commands.common import ParamsOption, console, load
-from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED
+from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED
 
 
 def games(

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
 from dreamgym.envs.real import task_files
+from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
 from dreamgym.envs.textworld.env import check_game_file
 from dreamgym.errors import DreamgymError
 
