@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dreamgym.config import PipelineConfig, config_to_dict
-from dreamgym.data.games import list_games
-from dreamgym.envs.real import env_for, load_task
+from dreamgym.envs.real import env_for, list_games, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.model import Policy
 from dreamgym.rl.rollout import Episode, RealBudget, play

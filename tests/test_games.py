@@ -15,13 +15,12 @@ from dreamgym.data.games import (
     _tw_make,
     fix_serial,
     game_setting,
-    games_if_any,
     generate_games,
-    list_games,
     plan_games,
     target_folder,
     target_settings,
 )
+from dreamgym.envs.real import games_if_any, list_games
 from dreamgym.envs.textworld.config import GamesConfig
 from dreamgym.envs.textworld.env import GameFileError
 from dreamgym.errors import DreamgymError

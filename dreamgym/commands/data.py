@@ -74,7 +74,7 @@ def collect(
     """Play episodes on every game of a folder and write transitions to Parquet."""
     from dreamgym.data.collect import CollectionSettings
     from dreamgym.data.collect import collect as collect_games
-    from dreamgym.data.games import list_games
+    from dreamgym.envs.real import list_games
 
     config = load(
         params,
@@ -125,9 +125,8 @@ def check_env_command(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Run the environment conformance check on the adapter of a folder's games (TextWorld or ScienceWorld)."""
-    from dreamgym.data.games import list_games
     from dreamgym.envs.checker import check_env
-    from dreamgym.envs.real import env_for, load_task
+    from dreamgym.envs.real import env_for, list_games, load_task
 
     config = load(params, {"env.max_steps": max_steps})
     files = list_games(games)

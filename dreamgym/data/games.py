@@ -37,7 +37,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dreamgym.envs.real import task_files
 from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
 from dreamgym.envs.textworld.env import check_game_file
 from dreamgym.errors import DreamgymError
@@ -330,22 +329,3 @@ def generate_games(
             for future in as_completed(futures):
                 future.result()
     return paths, len(todo)
-
-
-def games_if_any(games_dir: str | Path | None) -> list[Path]:
-    """The games (`.z8`) or tasks (`.swtask`) in a folder, sorted; none where no folder is given, it
-    is not there or it is empty (`games.task_count: 0` makes an empty one)."""
-    if games_dir is None or not Path(games_dir).is_dir():
-        return []
-    return task_files(games_dir)
-
-
-def list_games(games_dir: str | Path) -> list[Path]:
-    """The games or tasks in a folder, sorted; an error if there are none."""
-    games_dir = Path(games_dir)
-    if not games_dir.is_dir():
-        raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
-    games = games_if_any(games_dir)
-    if not games:
-        raise DreamgymError(f"no games (.z8) or tasks (.swtask) in {games_dir}; generate them with `dreamgym games`")
-    return games

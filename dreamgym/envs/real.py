@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dreamgym.envs.base import Env, GameFileError, Task
+from dreamgym.errors import DreamgymError
 
 # suffix of a task file -> the environment that plays it
 ENVIRONMENTS = {".z8": "textworld", ".swtask": "scienceworld"}
@@ -71,6 +72,25 @@ def task_files(folder: str | Path) -> list[Path]:
     """The task files in `folder` (any environment's), sorted."""
     folder = Path(folder)
     return sorted(path for suffix in ENVIRONMENTS for path in folder.glob(f"*{suffix}"))
+
+
+def games_if_any(games_dir: str | Path | None) -> list[Path]:
+    """The games (`.z8`) or tasks (`.swtask`) in a folder, sorted; none where no folder is given, it
+    is not there or it is empty (`games.task_count: 0` makes an empty one)."""
+    if games_dir is None or not Path(games_dir).is_dir():
+        return []
+    return task_files(games_dir)
+
+
+def list_games(games_dir: str | Path) -> list[Path]:
+    """The games or tasks in a folder, sorted; an error if there are none."""
+    games_dir = Path(games_dir)
+    if not games_dir.is_dir():
+        raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
+    games = games_if_any(games_dir)
+    if not games:
+        raise DreamgymError(f"no games (.z8) or tasks (.swtask) in {games_dir}; generate them with `dreamgym games`")
+    return games
 
 
 def tasks_at_start(paths: Iterable[str | Path]) -> list[Task]:
