@@ -48,7 +48,7 @@ def test_layers_point_one_way(folder, forbidden):
 
 
 def test_generic_code_never_imports_the_textworld_specifics():
-    specific = ("dreamgym.envs.textworld.env", "dreamgym.data.games", "dreamgym.experience.cooking")
+    specific = ("dreamgym.envs.textworld.env", "dreamgym.envs.textworld.games", "dreamgym.experience.cooking")
     for folder in ("buffer", "lm", "policy", "rl"):
         for module in specific:
             assert _importers(LIBRARY / folder, module) == [], (folder, module)

@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
-from dreamgym.data.games import (
+from dreamgym.envs.real import games_if_any, list_games
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.env import GameFileError
+from dreamgym.envs.textworld.games import (
     _SERIAL_AT,
     STORY_SERIAL,
     GameGenerationError,
@@ -20,9 +23,6 @@ from dreamgym.data.games import (
     target_folder,
     target_settings,
 )
-from dreamgym.envs.real import games_if_any, list_games
-from dreamgym.envs.textworld.config import GamesConfig
-from dreamgym.envs.textworld.env import GameFileError
 from dreamgym.errors import DreamgymError
 
 

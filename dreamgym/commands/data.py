@@ -38,7 +38,7 @@ def games(
     """Generate TextWorld cooking games (skips those that exist). Settings other than the training
     data's make a shifted set: `--split test --recipe 3 --go 9 --out data/games/shifted`. With
     `env.name: scienceworld`: ScienceWorld task files, `--count` variations per task type."""
-    from dreamgym.data.games import check_split, generate_games, plan_games
+    from dreamgym.envs.textworld.games import check_split, generate_games, plan_games
 
     check_split(split)
     settings = {"games.recipe": recipe, "games.take": take, "games.go": go}

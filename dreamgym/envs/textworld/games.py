@@ -7,7 +7,7 @@ never mistaken for this one, and a game that already exists is not made again. E
 compiled in a temporary folder and moved into place only when complete: a killed run never
 leaves half a game behind.
 
-Each worker is one child process (`python -m dreamgym.data.make_games`) that makes its share of
+Each worker is one child process (`python -m dreamgym.envs.textworld.make_games`) that makes its share of
 the games one after another with tw-make's own argument parser and TextWorld's API, the same bytes
 as one `tw-make` process per game (tested): importing TextWorld and parsing its grammar and game
 logic, two thirds of a `tw-make` run (~6 of ~9 s on this machine), are then paid once per worker
@@ -269,7 +269,7 @@ def make_games(
     each game as it is done. A failure names the game and TextWorld's error."""
     if not specs:
         return []
-    command = [sys.executable, "-m", "dreamgym.data.make_games", str(out_dir)]
+    command = [sys.executable, "-m", "dreamgym.envs.textworld.make_games", str(out_dir)]
     payload = json.dumps([dataclasses.asdict(spec) for spec in specs])
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     made, last_said = [], ""
