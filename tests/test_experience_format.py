@@ -19,6 +19,7 @@ from dreamgym.buffer.embeddings import transition_text
 from dreamgym.buffer.store import upsert_transitions
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
+from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.experience.annotate import (
     AnnotatorError,
     OpenAIAnnotator,
@@ -29,7 +30,6 @@ from dreamgym.experience.annotate import (
 )
 from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.constrain import completion_pattern
-from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.decoding import copied_completion
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (

@@ -21,7 +21,7 @@ examples than the nearest few, at a ranking cost small beside generation (measur
 2026-11-23, 2026-11-24, 2026-11-25 and 2026-11-29).
 
 `task_relation`, `open_closed` and `kind` know the environment and are a `Domain`'s
-(dreamgym/domain.py; TextWorld cooking's are experience/cooking.py); the rest hold in any text
+(dreamgym/domain.py; TextWorld cooking's are envs/textworld/cooking.py); the rest hold in any text
 environment. `experience.ranking_off` switches any key off.
 """
 
