@@ -1,4 +1,5 @@
-"""Curriculum variations as real games one step harder than their seed (dreamgym/envs/textworld/harder_games.py)."""
+"""Curriculum variations as real games one step harder than their seed
+(dreamgym/envs/textworld/harder_games.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The sections of `params.yaml` that make and check the offline data (`dreamgym/data/`): the real
-environment, collection and validation (the games are TextWorld's: `dreamgym/envs/textworld/config.py`)."""
+environment, collection and validation. The games are TextWorld's own section
+(`dreamgym/envs/textworld/config.py`)."""
 
 from __future__ import annotations
 

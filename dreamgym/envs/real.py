@@ -1,10 +1,11 @@
 """The real environments, reached by the kind of file a task comes in: the one module that names them.
 
 Collection, evaluation, real-environment RL and the initial states of DreamEnv's seed tasks need
-a real environment; they ask this module for the task a file poses and for an environment that
-plays it, and never import an environment's package. A TextWorld cooking game is a compiled
-`.z8` story (`envs/textworld/env.py`); a ScienceWorld task is a `.swtask` file naming a task type
-and variation (`envs/scienceworld/`). A folder of tasks holds one kind.
+a real environment; they ask this module for the task files of a folder (`list_games`), the task
+a file poses and an environment that plays it, and never import an environment's package. A
+TextWorld cooking game is a compiled `.z8` story (`envs/textworld/`); a ScienceWorld task is a
+`.swtask` file naming a task type and variation (`envs/scienceworld/`). A folder of tasks holds one
+kind.
 """
 
 from __future__ import annotations

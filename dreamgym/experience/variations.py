@@ -199,8 +199,8 @@ def dream_curriculum(
         if game_writer is None:
             raise DreamgymError(
                 "curriculum.variations is 'games' but no game maker was given: the environment makes the "
-                "harder games (TextWorld: dreamgym.envs.textworld.harder_games); set curriculum.variations to "
-                "'domain' or 'model' for an environment without one"
+                "harder games (TextWorld: dreamgym.envs.textworld.harder_games); set "
+                "curriculum.variations to 'domain' or 'model' for an environment without one"
             )
         writer = game_writer
     elif config.curriculum.variations == "domain":

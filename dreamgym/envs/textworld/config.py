@@ -63,8 +63,8 @@ class GamesConfig:
         described(
             "The tasks RL practises and the held-out games the gate measures: 'same' settings as the "
             "training games above; 'headroom' the named preset of harder games, recipes of 2-3 with 2-3 "
-            "ingredients to find in 6 or 9 rooms (dreamgym.envs.textworld.games.HEADROOM), which BC, trained on the "
-            "easier games, mostly loses. With 'headroom' RL practises the preset's task games only, and the "
+            "ingredients to find in 6 or 9 rooms (dreamgym.envs.textworld.games.HEADROOM), which BC, trained "
+            "on the easier games, mostly loses. With 'headroom' RL practises the preset's task games only, and the "
             "held-out games of the training settings are still played, beside."
         ),
     ] = "headroom"

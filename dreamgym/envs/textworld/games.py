@@ -7,11 +7,11 @@ never mistaken for this one, and a game that already exists is not made again. E
 compiled in a temporary folder and moved into place only when complete: a killed run never
 leaves half a game behind.
 
-Each worker is one child process (`python -m dreamgym.envs.textworld.make_games`) that makes its share of
-the games one after another with tw-make's own argument parser and TextWorld's API, the same bytes
-as one `tw-make` process per game (tested): importing TextWorld and parsing its grammar and game
-logic, two thirds of a `tw-make` run (~6 of ~9 s on this machine), are then paid once per worker
-rather than once per game. The child runs with PYTHONHASHSEED=0, as `tw-make` did, because
+Each worker is one child process (`python -m dreamgym.envs.textworld.make_games`) that makes its
+share of the games one after another with tw-make's own argument parser and TextWorld's API, the
+same bytes as one `tw-make` process per game (tested): importing TextWorld and parsing its grammar
+and game logic, two thirds of a `tw-make` run (~6 of ~9 s on this machine), are then paid once per
+worker rather than once per game. The child runs with PYTHONHASHSEED=0, as `tw-make` did, because
 TextWorld writes set-ordered lists into a game's JSON. The story's serial number, the day Inform
 compiled it, is set to a constant: a seed gives the same bytes on any day as on any machine.
 """

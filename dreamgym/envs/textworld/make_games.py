@@ -1,5 +1,5 @@
-"""The child process of `dreamgym.envs.textworld.games.make_games`: makes the games whose specs it reads as
-JSON on stdin into the folder it is given, and says `made <path>` for each.
+"""The child process of `dreamgym.envs.textworld.games.make_games`: makes the games whose specs it
+reads as JSON on stdin into the folder it is given, and says `made <path>` for each.
 
     PYTHONHASHSEED=0 python -m dreamgym.envs.textworld.make_games OUT_DIR < specs.json
 """
