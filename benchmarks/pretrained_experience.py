@@ -35,8 +35,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from dreamgym.config import load_config
-from dreamgym.data.games import game_setting
 from dreamgym.envs.dynamics import Query
+from dreamgym.envs.textworld.games import game_setting
 from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances, saved_beside
 from dreamgym.experience.examples import load_examples, load_kept_names, queries_of
 from dreamgym.experience.fidelity import evaluate

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from dreamgym.data.collect import CollectionSettings, collect
-from dreamgym.data.config import GamesConfig
-from dreamgym.data.games import generate_games, plan_games
 from dreamgym.envs.real import env_for, load_task
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.games import generate_games, plan_games
 from dreamgym.state import parse_state
 
 

@@ -22,8 +22,7 @@ from pathlib import Path
 
 from dreamgym.config import load_config
 from dreamgym.curriculum import Curriculum
-from dreamgym.data.games import list_games
-from dreamgym.envs.real import env_for, load_task
+from dreamgym.envs.real import env_for, list_games, load_task
 from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.model import load_policy
 from dreamgym.rl.loop import train_rl

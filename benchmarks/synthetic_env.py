@@ -25,9 +25,8 @@ from pathlib import Path
 
 from common import machine, model_setup
 
-from dreamgym.data.games import list_games
 from dreamgym.envs.dream_env import DreamEnv, step_together
-from dreamgym.envs.real import env_for, environment_of, load_task
+from dreamgym.envs.real import env_for, environment_of, list_games, load_task
 from dreamgym.envs.recall import RecallingDynamics
 from dreamgym.experience.generate import open_experience_model
 from dreamgym.experience.variations import seed_tasks

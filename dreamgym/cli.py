@@ -21,7 +21,7 @@ from dreamgym.commands.buffer import buffer_app
 from dreamgym.commands.common import ParamsOption, console
 from dreamgym.commands.common import load as _config
 from dreamgym.commands.stack import stack_app
-from dreamgym.data.config import MAX_SEED
+from dreamgym.config import MAX_SEED
 from dreamgym.errors import DreamgymError
 
 # Help texts are plain text: with rich markup on, their "[default: key]" notes were eaten as tags.

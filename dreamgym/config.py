@@ -3,12 +3,14 @@
 Each section of `params.yaml` is a frozen dataclass that lives beside the code it configures, with
 help text on every field (`dreamgym.sections` says how they are declared):
 
-    games, env, collect, validation   dreamgym/data/config.py
+    env, collect, validation          dreamgym/data/config.py
     buffer                            dreamgym/buffer/config.py
     experience                        dreamgym/experience/config.py
     policy                            dreamgym/policy/config.py
     rl, curriculum                    dreamgym/rl/config.py
     evaluation, promotion, compute    dreamgym/ops/config.py
+    games                             dreamgym/envs/textworld/config.py (TextWorld cooking's)
+    scienceworld                      dreamgym/envs/scienceworld/config.py
 
 `PipelineConfig` below composes them, with the top-level keys and `paths`. Values are validated
 when loaded (types, ranges, unknown keys); an error names the key, the bad value and what to write
@@ -28,8 +30,9 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from dreamgym.buffer.config import BufferConfig
-from dreamgym.data.config import MAX_SEED, CollectConfig, EnvConfig, GamesConfig, ValidationConfig
+from dreamgym.data.config import CollectConfig, EnvConfig, ValidationConfig
 from dreamgym.envs.scienceworld.config import ScienceWorldConfig
+from dreamgym.envs.textworld.config import MAX_SEED, GamesConfig
 from dreamgym.errors import ConfigError
 from dreamgym.experience.config import ExperienceConfig
 from dreamgym.ops.config import ComputeConfig, EvaluationConfig, PromotionConfig

@@ -14,7 +14,7 @@ Each epoch `draw` returns `tasks_per_epoch` tasks. A share `variation_fraction` 
 λ on synthetic tasks per iteration) are new *variations* of the top-scoring `top_fraction` of the
 seed tasks, written by the experience model's backbone (the paper), by the environment's rules
 (`domain_variation_writer`: the seed's start with another task) or as real games one step harder
-than the seed (`data/harder_games.py`), and checked by `check_variation`
+than the seed (TextWorld's `envs/textworld/harder_games.py`), and checked by `check_variation`
 (parseable state, available actions, no duplicate, no new action types); rejected ones are
 logged with the reason and counted, accepted ones join the pool for good. The other slots go to
 pool tasks sampled without replacement with probability proportional to their score; where too
@@ -218,8 +218,8 @@ class Curriculum:
     pass `check_variation` are kept; each one's `task_id` names the seed it varies (the seed's own
     id, or `<seed id>~<anything>`), e.g. `dataclasses.replace(seed, instruction=...,
     initial_state=...)`. Accepted ones get a `variation_id` and the seed's env; a variation that
-    is a real game (`data/harder_games.py`) keeps its game file and max score, any other gets
-    the seed's max score.
+    is a real game (`envs/textworld/harder_games.py`) keeps its game file and max score, any
+    other gets the seed's max score.
     `known_verbs` defaults to the action types of the seeds' initial states.
     """
 

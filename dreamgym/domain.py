@@ -11,8 +11,9 @@ tasks, dreamgym/policy/bc.py); the curriculum may ask it for other tasks a seed'
 (its variations); collection, for the mistakes a learner could make at a step
 (dreamgym/data/collect.py). `NoRules` answers none (those keys then tie and the generic ones
 decide; BC clones the steps as they are; no mistakes are played): where a new environment starts.
-TextWorld cooking's answers are `experience/cooking.py`; `experience.domain` names the one a model
-is built and used with, `policy.domain` the one BC uses, `collect.domain` the one collection asks.
+TextWorld cooking's answers are `envs/textworld/cooking.py`; `experience.domain` names the one a
+model is built and used with, `policy.domain` the one BC uses, `collect.domain` the one collection
+asks.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def named_domain(name: str) -> Domain:
     if name == "none":
         return NO_RULES
     if name == "textworld-cooking":
-        from dreamgym.experience.cooking import TextWorldCooking  # the one place that names an environment's rules
+        from dreamgym.envs.textworld.cooking import TextWorldCooking  # the one place that names an environment's rules
 
         return TextWorldCooking()
     raise ValueError(

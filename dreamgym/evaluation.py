@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dreamgym.config import PipelineConfig, config_to_dict
-from dreamgym.data.games import list_games
-from dreamgym.envs.real import env_for, load_task
+from dreamgym.envs.real import env_for, list_games, load_task
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.model import Policy
 from dreamgym.rl.rollout import Episode, RealBudget, play
@@ -341,7 +340,7 @@ def evaluate_experience_model(
     held-out games of `games_dir`, in an `experience-eval` MLflow run; the summary is written to
     `json_out`. Lives here, not in `dreamgym.experience`, because it plays the real games."""
     from dreamgym.data.collect import collect_held_out
-    from dreamgym.data.games import game_setting
+    from dreamgym.envs.textworld.games import game_setting
     from dreamgym.experience.report import FidelityRun, measure_fidelity
     from dreamgym.ops.registry import resolve_model
     from dreamgym.ops.tracking import configure_services, stage_run

@@ -131,3 +131,26 @@ def item_name(item: str) -> str:
 def format_item(name: str, descriptors: list[str] | tuple[str, ...] = ()) -> str:
     """An item with its descriptors, in the one canonical order (as given)."""
     return f"{name} ({', '.join(descriptors)})" if descriptors else name
+
+
+def acted_object(state: AbstractState, action: str) -> str | None:
+    """The item the action acts on: of the items the state shows, the one the action names first
+    (the longest of those named at the same place); None for an action on no item."""
+    named = []
+    for name in {item_name(item) for item in state.visible + state.inventory}:
+        found = whole_word(name).search(action)
+        if found:
+            named.append((found.start(), -len(name), name))
+    return min(named)[2] if named else None
+
+
+def task_mentions(instruction: str, name: str) -> list[str]:
+    """The task's clauses that name `name`, each on one line whatever the task's layout (a worked
+    example shows them on its `task says:` line)."""
+    clauses = [" ".join(clause.split()).rstrip(".!?;") for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
+    return [clause for clause in clauses if whole_word(name).search(clause)]
+
+
+def whole_word(name: str) -> re.Pattern:
+    """`name` as a whole: `obj1` is not in `take obj10`, `pepper` not in `red-pepper`."""
+    return re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")

@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.config import config_to_dict, flatten, load_config
-from dreamgym.data.games import list_games
+from dreamgym.envs.real import list_games
 from dreamgym.errors import DreamgymError
 from dreamgym.ops.benchmark import bench_plan, check_targets, machine, markdown, plot, row_result
 from dreamgym.ops.tracking import configure_services, stage_run

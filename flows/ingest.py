@@ -30,14 +30,15 @@ from dreamgym.buffer.migrations import open_migrated
 from dreamgym.buffer.store import UpsertResult, ingest_file
 from dreamgym.config import PipelineConfig
 from dreamgym.data.collect import CollectionResult, CollectionSettings, collect
-from dreamgym.data.config import GamesConfig, ValidationConfig
-from dreamgym.data.games import generate_games, plan_games, target_folder, target_settings
+from dreamgym.data.config import ValidationConfig
 from dreamgym.data.overview import plot_dataset
 from dreamgym.data.schema import read_transitions
 from dreamgym.data.validation import ValidationResult, validate_transitions
 from dreamgym.data.versioning import DataVersion, commit_stage, version_data
 from dreamgym.envs.scienceworld.config import ScienceWorldConfig
 from dreamgym.envs.scienceworld.tasks import write_tasks
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.games import generate_games, plan_games, target_folder, target_settings
 from dreamgym.errors import DreamgymError
 from dreamgym.ops.fanout import collect_in_pieces, generate_in_pieces
 from dreamgym.ops.tracking import stage_run

@@ -26,9 +26,9 @@ from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import PipelineConfig, load_config
 from dreamgym.data.collect import collect_held_out, held_out_collection
-from dreamgym.data.games import game_setting
 from dreamgym.data.schema import read_transitions
 from dreamgym.domain import named_domain
+from dreamgym.envs.textworld.games import game_setting
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator

@@ -23,12 +23,11 @@ from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.config import PipelineConfig, config_to_dict
 from dreamgym.curriculum import Curriculum
-from dreamgym.data.games import games_if_any, list_games
-from dreamgym.data.harder_games import harder_game_writer
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
-from dreamgym.envs.real import env_for, load_task, tasks_at_start
+from dreamgym.envs.real import env_for, games_if_any, list_games, load_task, tasks_at_start
 from dreamgym.envs.recall import RecallingDynamics
+from dreamgym.envs.textworld.harder_games import harder_game_writer
 from dreamgym.evaluation import (
     current_eval_set,
     episodes_path,

@@ -22,8 +22,8 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 
 from dreamgym.data.collect import CollectionSettings, collect
-from dreamgym.data.config import GamesConfig
-from dreamgym.data.games import generate_games, plan_games
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.games import generate_games, plan_games
 from dreamgym.experience.config import ExperienceConfig
 
 

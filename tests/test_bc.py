@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
+from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.evaluation import evaluate_policy
-from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
 from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Observation, load_policy

@@ -7,8 +7,8 @@ import pytest
 
 from dreamgym.data.collect import CollectionSettings, choose_action, collect, summarize
 from dreamgym.data.schema import COLUMNS, MISTAKE_POLICY, content_hash, read_metadata, read_transitions
+from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.state import parse_state
 
 

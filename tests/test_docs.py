@@ -48,14 +48,95 @@ def test_layers_point_one_way(folder, forbidden):
 
 
 def test_generic_code_never_imports_the_textworld_specifics():
-    specific = ("dreamgym.envs.textworld_env", "dreamgym.data.games", "dreamgym.experience.cooking")
-    for folder in ("buffer", "lm", "policy", "rl"):
-        for module in specific:
-            assert _importers(LIBRARY / folder, module) == [], (folder, module)
+    for folder in ("buffer", "lm", "policy", "rl", "experience"):
+        for package in ("dreamgym.envs.textworld", "dreamgym.envs.scienceworld"):
+            assert _importers(LIBRARY / folder, package) == [], (folder, package)
     # The experience model and BC reach TextWorld cooking's rules through the domain seam alone.
-    assert _importers(LIBRARY, "dreamgym.experience.cooking") == ["dreamgym/domain.py"]
-    for module in specific[:2]:
-        assert _importers(LIBRARY / "experience", module) == [], module
+    assert _importers(LIBRARY, "dreamgym.envs.textworld.cooking") == ["dreamgym/domain.py"]
+
+
+# The real environments' packages, and the only modules that may import them when they are
+# imported themselves: the packages, the one module naming the real environments, the rules seam,
+# the composition of params.yaml's sections and the commands (`dreamgym games` makes either's tasks).
+ENVIRONMENT_PACKAGES = ("dreamgym.envs.textworld", "dreamgym.envs.scienceworld")
+ENVIRONMENT_SEAMS = (
+    "dreamgym/envs/textworld/",
+    "dreamgym/envs/scienceworld/",
+    "dreamgym/envs/real.py",
+    "dreamgym/domain.py",
+    "dreamgym/config.py",
+    "dreamgym/commands/",
+)
+
+
+def _module_level_imports(source: str) -> set[str]:
+    """The modules a source imports when it is imported itself: at top level, in a class body, under
+    `if`/`try`/`with`, but not inside a function nor under `if TYPE_CHECKING:`. `from a import b`
+    counts as importing `a` and `a.b` (b may be a module)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for statement in child.orelse:
+                    visit(ast.Module(body=[statement], type_ignores=[]))
+            elif isinstance(child, ast.Import):
+                names.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                names.add(child.module)
+                names.update(f"{child.module}.{alias.name}" for alias in child.names)
+            else:
+                visit(child)
+
+    visit(ast.parse(source))
+    return names
+
+
+def _environment_packages(names: set[str]) -> list[str]:
+    return sorted(
+        name
+        for name in names
+        if any(name == package or name.startswith(f"{package}.") for package in ENVIRONMENT_PACKAGES)
+    )
+
+
+def test_only_the_environment_seams_import_an_environment_s_package_at_module_level():
+    """Environment-specific code lives in one package per environment (envs/textworld/,
+    envs/scienceworld/); generic code reaches it through envs/real.py or domain.py, or imports it
+    inside the one function that needs it, never when it is imported itself."""
+    offenders = {}
+    for path in sorted(LIBRARY.rglob("*.py")):
+        name = path.relative_to(REPO).as_posix()
+        if not name.startswith(ENVIRONMENT_SEAMS):
+            found = _environment_packages(_module_level_imports(path.read_text()))
+            if found:
+                offenders[name] = found
+    assert offenders == {}
+    # The walk sees what it should: config.py imports both sections at module level, envs/real.py
+    # names both only inside its functions, and a guarded or a function's import does not count.
+    assert _environment_packages(_module_level_imports((LIBRARY / "config.py").read_text())) == [
+        "dreamgym.envs.scienceworld.config",
+        "dreamgym.envs.scienceworld.config.ScienceWorldConfig",
+        "dreamgym.envs.textworld.config",
+        "dreamgym.envs.textworld.config.GamesConfig",
+        "dreamgym.envs.textworld.config.MAX_SEED",
+    ]
+    assert _environment_packages(_module_level_imports((LIBRARY / "envs" / "real.py").read_text())) == []
+    sample = """
+from dreamgym.envs import textworld
+if TYPE_CHECKING:
+    import dreamgym.envs.scienceworld.env
+class A:
+    import dreamgym.envs.scienceworld.tasks
+def f():
+    import dreamgym.envs.textworld.games
+"""
+    assert _environment_packages(_module_level_imports(sample)) == [
+        "dreamgym.envs.scienceworld.tasks",
+        "dreamgym.envs.textworld",
+    ]
 
 
 def _named_paths(text: str) -> set[str]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from dreamgym.domain import NO_RULES, Domain, named_domain
+from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.experience.config import ExperienceConfig
-from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.format import apply_delta, fits, state_delta
 from dreamgym.experience.generate import ExperienceModel
 from dreamgym.experience.rerank import closest, situation

@@ -19,6 +19,7 @@ from dreamgym.buffer.embeddings import transition_text
 from dreamgym.buffer.store import upsert_transitions
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
+from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.experience.annotate import (
     AnnotatorError,
     OpenAIAnnotator,
@@ -29,13 +30,11 @@ from dreamgym.experience.annotate import (
 )
 from dreamgym.experience.config import ExperienceConfig
 from dreamgym.experience.constrain import completion_pattern
-from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.decoding import copied_completion
 from dreamgym.experience.examples import build_examples, history_of, neighbours, to_worked, traces_examples
 from dreamgym.experience.format import (
     FormatError,
     Worked,
-    acted_object,
     applied,
     apply_delta,
     example_changes,
@@ -52,7 +51,7 @@ from dreamgym.experience.format import (
 from dreamgym.experience.rerank import closeness, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names
 from dreamgym.renaming import Renamer, invented_names
-from dreamgym.state import AbstractState, format_state, item_name, parse_state
+from dreamgym.state import AbstractState, acted_object, format_state, item_name, parse_state
 
 STATE = AbstractState(
     "kitchen", ("fridge (closed)", "knife (on table)", "table"), (), ("open fridge", "take knife from table")

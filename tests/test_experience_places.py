@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from dreamgym.data.collect import CollectionSettings, collect
-from dreamgym.data.config import GamesConfig
-from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dynamics import Query
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.games import generate_games, plan_games
 from dreamgym.experience.affordances import Affordances, learnt_from_rows, learnt_returns
 from dreamgym.experience.examples import queries_of
 from dreamgym.experience.places import destination, remembered

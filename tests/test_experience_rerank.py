@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dreamgym.domain import NO_RULES
+from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.experience import rerank
-from dreamgym.experience.cooking import TextWorldCooking
 from dreamgym.experience.examples import on_the_query_items, on_the_task_items
 from dreamgym.experience.format import applied, state_delta
 from dreamgym.experience.rerank import RANKING_KEYS, Situation, closeness, closest

@@ -20,10 +20,10 @@ from sqlalchemy import text
 
 from dreamgym.buffer.db import HANDLE_FILE, open_database
 from dreamgym.buffer.store import _refused, upsert_transitions
-from dreamgym.data.config import MAX_SEED, GamesConfig
 from dreamgym.data.contract import ContractError
-from dreamgym.data.games import plan_games
 from dreamgym.data.schema import content_hash, read_transitions, to_table, write_transitions
+from dreamgym.envs.textworld.config import MAX_SEED, GamesConfig
+from dreamgym.envs.textworld.games import plan_games
 from dreamgym.errors import DreamgymError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from dreamgym.data.config import GamesConfig
-from dreamgym.data.games import (
+from dreamgym.envs.real import games_if_any, list_games
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.env import GameFileError
+from dreamgym.envs.textworld.games import (
     _SERIAL_AT,
     STORY_SERIAL,
     GameGenerationError,
@@ -16,14 +18,11 @@ from dreamgym.data.games import (
     _tw_make,
     fix_serial,
     game_setting,
-    games_if_any,
     generate_games,
-    list_games,
     plan_games,
     target_folder,
     target_settings,
 )
-from dreamgym.envs.textworld_env import GameFileError
 from dreamgym.errors import DreamgymError
 
 

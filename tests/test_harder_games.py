@@ -1,4 +1,5 @@
-"""Curriculum variations as real games one step harder than their seed (dreamgym/data/harder_games.py)."""
+"""Curriculum variations as real games one step harder than their seed
+(dreamgym/envs/textworld/harder_games.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from dreamgym.curriculum import Curriculum, state_verbs
-from dreamgym.data.games import GameSpec, game_setting, spec_of
-from dreamgym.data.harder_games import harder_game_writer, harder_specs
 from dreamgym.envs.real import tasks_at_start
-from dreamgym.envs.textworld_env import TextWorldEnv
+from dreamgym.envs.textworld.env import TextWorldEnv
+from dreamgym.envs.textworld.games import GameSpec, game_setting, spec_of
+from dreamgym.envs.textworld.harder_games import harder_game_writer, harder_specs
 from dreamgym.rl.config import CurriculumConfig
 from dreamgym.state import parse_state
 

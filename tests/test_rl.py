@@ -11,10 +11,10 @@ import torch
 
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.collect import CollectionSettings, collect
-from dreamgym.data.config import GamesConfig
-from dreamgym.data.games import generate_games, plan_games
 from dreamgym.data.schema import read_transitions
-from dreamgym.envs.textworld_env import TextWorldEnv, load_task
+from dreamgym.envs.textworld.config import GamesConfig
+from dreamgym.envs.textworld.env import TextWorldEnv, load_task
+from dreamgym.envs.textworld.games import generate_games, plan_games
 from dreamgym.errors import DreamgymError
 from dreamgym.policy.bc import bc_examples, policy_kept_names, train_bc
 from dreamgym.policy.config import PolicyConfig

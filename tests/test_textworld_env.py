@@ -2,11 +2,11 @@
 
 import pytest
 
-from dreamgym.data.games import generate_games, spec_of
 from dreamgym.envs.base import EnvError, GameFileError, Task
 from dreamgym.envs.checker import EnvCheckError, check_env
 from dreamgym.envs.real import tasks_at_start
-from dreamgym.envs.textworld_env import TextWorldEnv, check_game_file, compact_recipe, load_task
+from dreamgym.envs.textworld.env import TextWorldEnv, check_game_file, compact_recipe, load_task
+from dreamgym.envs.textworld.games import generate_games, spec_of
 from dreamgym.state import parse_state
 
 

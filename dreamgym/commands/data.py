@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from dreamgym.commands.common import ParamsOption, console, load
-from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED
+from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED
 
 
 def games(
@@ -38,7 +38,7 @@ def games(
     """Generate TextWorld cooking games (skips those that exist). Settings other than the training
     data's make a shifted set: `--split test --recipe 3 --go 9 --out data/games/shifted`. With
     `env.name: scienceworld`: ScienceWorld task files, `--count` variations per task type."""
-    from dreamgym.data.games import check_split, generate_games, plan_games
+    from dreamgym.envs.textworld.games import check_split, generate_games, plan_games
 
     check_split(split)
     settings = {"games.recipe": recipe, "games.take": take, "games.go": go}
@@ -74,7 +74,7 @@ def collect(
     """Play episodes on every game of a folder and write transitions to Parquet."""
     from dreamgym.data.collect import CollectionSettings
     from dreamgym.data.collect import collect as collect_games
-    from dreamgym.data.games import list_games
+    from dreamgym.envs.real import list_games
 
     config = load(
         params,
@@ -125,9 +125,8 @@ def check_env_command(
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Run the environment conformance check on the adapter of a folder's games (TextWorld or ScienceWorld)."""
-    from dreamgym.data.games import list_games
     from dreamgym.envs.checker import check_env
-    from dreamgym.envs.real import env_for, load_task
+    from dreamgym.envs.real import env_for, list_games, load_task
 
     config = load(params, {"env.max_steps": max_steps})
     files = list_games(games)

@@ -39,7 +39,6 @@ from tqdm import tqdm
 
 from dreamgym.config import PipelineConfig
 from dreamgym.data.config import POLICIES
-from dreamgym.data.games import list_games
 from dreamgym.data.schema import (
     MISTAKE_POLICY,
     content_hash,
@@ -51,7 +50,7 @@ from dreamgym.data.schema import (
 )
 from dreamgym.domain import named_domain
 from dreamgym.envs.base import Env, EnvCrashed, Task
-from dreamgym.envs.real import environment_of, load_task, real_env
+from dreamgym.envs.real import environment_of, list_games, load_task, real_env
 from dreamgym.errors import DreamgymError
 from dreamgym.state import parse_state
 

@@ -1,10 +1,11 @@
 """The real environments, reached by the kind of file a task comes in: the one module that names them.
 
 Collection, evaluation, real-environment RL and the initial states of DreamEnv's seed tasks need
-a real environment; they ask this module for the task a file poses and for an environment that
-plays it, and never import an environment's package. A TextWorld cooking game is a compiled
-`.z8` story (`envs/textworld_env.py`); a ScienceWorld task is a `.swtask` file naming a task type
-and variation (`envs/scienceworld/`). A folder of tasks holds one kind.
+a real environment; they ask this module for the task files of a folder (`list_games`), the task
+a file poses and an environment that plays it, and never import an environment's package. A
+TextWorld cooking game is a compiled `.z8` story (`envs/textworld/`); a ScienceWorld task is a
+`.swtask` file naming a task type and variation (`envs/scienceworld/`). A folder of tasks holds one
+kind.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dreamgym.envs.base import Env, GameFileError, Task
+from dreamgym.errors import DreamgymError
 
 # suffix of a task file -> the environment that plays it
 ENVIRONMENTS = {".z8": "textworld", ".swtask": "scienceworld"}
@@ -36,7 +38,7 @@ def load_task(path: str | Path) -> Task:
         from dreamgym.envs.scienceworld.tasks import load_task as load_scienceworld_task
 
         return load_scienceworld_task(path)
-    from dreamgym.envs.textworld_env import load_task as load_textworld_task
+    from dreamgym.envs.textworld.env import load_task as load_textworld_task
 
     return load_textworld_task(path)
 
@@ -50,7 +52,7 @@ def real_env(name: str, max_steps: int, expert: bool = False) -> Env:
 
         return ScienceWorldEnv(max_steps=max_steps, expert=expert)
     if name == "textworld":
-        from dreamgym.envs.textworld_env import TextWorldEnv
+        from dreamgym.envs.textworld.env import TextWorldEnv
 
         return TextWorldEnv(max_steps=max_steps)
     raise ValueError(f"{name!r} names no real environment: use one of {', '.join(sorted(set(ENVIRONMENTS.values())))}")
@@ -71,6 +73,25 @@ def task_files(folder: str | Path) -> list[Path]:
     """The task files in `folder` (any environment's), sorted."""
     folder = Path(folder)
     return sorted(path for suffix in ENVIRONMENTS for path in folder.glob(f"*{suffix}"))
+
+
+def games_if_any(games_dir: str | Path | None) -> list[Path]:
+    """The games (`.z8`) or tasks (`.swtask`) in a folder, sorted; none where no folder is given, it
+    is not there or it is empty (`games.task_count: 0` makes an empty one)."""
+    if games_dir is None or not Path(games_dir).is_dir():
+        return []
+    return task_files(games_dir)
+
+
+def list_games(games_dir: str | Path) -> list[Path]:
+    """The games or tasks in a folder, sorted; an error if there are none."""
+    games_dir = Path(games_dir)
+    if not games_dir.is_dir():
+        raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
+    games = games_if_any(games_dir)
+    if not games:
+        raise DreamgymError(f"no games (.z8) or tasks (.swtask) in {games_dir}; generate them with `dreamgym games`")
+    return games
 
 
 def tasks_at_start(paths: Iterable[str | Path]) -> list[Task]:

@@ -31,7 +31,7 @@ class ExperienceConfig:
         Literal["textworld-cooking", "none"],
         described(
             "The environment's rules that retrieval ranks by (dreamgym/domain.py): 'textworld-cooking' "
-            "(experience/cooking.py), or 'none' for an environment without its own yet.",
+            "(envs/textworld/cooking.py), or 'none' for an environment without its own yet.",
             part="prompt",
         ),
     ] = "textworld-cooking"

@@ -54,12 +54,11 @@ from dreamgym.experience.format import (
     referenced_trace,
     state_delta,
     task_says,
-    whole_word,
 )
 from dreamgym.experience.rerank import closest, situation, stored_change, stored_situation
 from dreamgym.placeholders import Placeholders, kept_names, shown_names
 from dreamgym.renaming import Renamer
-from dreamgym.state import AbstractState, format_state, item_name, parse_state
+from dreamgym.state import AbstractState, format_state, item_name, parse_state, whole_word
 
 _KEPT_KEY = "dreamgym.kept_names"
 # Candidates fetched per neighbour kept: room for repeats of one step across episodes.

@@ -76,7 +76,16 @@ from dataclasses import dataclass
 from dreamgym.envs.dynamics import Completion, Step
 from dreamgym.errors import DreamgymError
 from dreamgym.placeholders import Placeholders
-from dreamgym.state import FIELDS, ITEM_SEPARATOR, AbstractState, StateParseError, format_state, item_name
+from dreamgym.state import (
+    FIELDS,
+    ITEM_SEPARATOR,
+    AbstractState,
+    StateParseError,
+    acted_object,
+    format_state,
+    item_name,
+    task_mentions,
+)
 
 # Bumped whenever a prompt or completion changes shape: stored examples and models keyed on it are
 # then built again instead of reused.
@@ -437,17 +446,6 @@ def format_prompt(
     return "\n".join(parts) + "\n"
 
 
-def acted_object(state: AbstractState, action: str) -> str | None:
-    """The item the action acts on: of the items the state shows, the one the action names first
-    (the longest of those named at the same place); None for an action on no item."""
-    named = []
-    for name in {item_name(item) for item in state.visible + state.inventory}:
-        found = whole_word(name).search(action)
-        if found:
-            named.append((found.start(), -len(name), name))
-    return min(named)[2] if named else None
-
-
 def task_says(instruction: str, state: AbstractState, action: str) -> str | None:
     """What the task says of the item `action` acts on in `state`: the task's clauses that name
     it, or that none does; None when the action acts on no item."""
@@ -458,18 +456,6 @@ def task_says(instruction: str, state: AbstractState, action: str) -> str | None
     if not mentions:
         return f"nothing of {name}"
     return f"of {name}: {'; '.join(mentions)}"
-
-
-def task_mentions(instruction: str, name: str) -> list[str]:
-    """The task's clauses that name `name`, each on one line whatever the task's layout (a worked
-    example shows them on its `task says:` line)."""
-    clauses = [" ".join(clause.split()).rstrip(".!?;") for clause in re.split(r"(?<=[.!?;])\s+", instruction.strip())]
-    return [clause for clause in clauses if whole_word(name).search(clause)]
-
-
-def whole_word(name: str) -> re.Pattern:
-    """`name` as a whole: `obj1` is not in `take obj10`, `pepper` not in `red-pepper`."""
-    return re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
 
 
 def example_changes(prompt: str) -> list[str]:

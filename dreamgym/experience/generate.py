@@ -51,13 +51,12 @@ from dreamgym.experience.format import (
     example_traces,
     format_prompt,
     parse_completion,
-    whole_word,
     with_real_names,
 )
 from dreamgym.experience.places import remembered
 from dreamgym.placeholders import Placeholders, shown_names
 from dreamgym.sections import config_part
-from dreamgym.state import AbstractState
+from dreamgym.state import AbstractState, whole_word
 
 # A KV cache allocated once for prompt + max_new_tokens, not one that grows (and is copied) at every
 # step: the same tokens, 2.6x faster at batch 32 on a CPU. transformers compiles a static cache's

@@ -21,7 +21,7 @@ examples than the nearest few, at a ranking cost small beside generation (measur
 2026-11-23, 2026-11-24, 2026-11-25 and 2026-11-29).
 
 `task_relation`, `open_closed` and `kind` know the environment and are a `Domain`'s
-(dreamgym/domain.py; TextWorld cooking's are experience/cooking.py); the rest hold in any text
+(dreamgym/domain.py; TextWorld cooking's are envs/textworld/cooking.py); the rest hold in any text
 environment. `experience.ranking_off` switches any key off.
 """
 
@@ -33,9 +33,9 @@ from functools import lru_cache
 
 from dreamgym.domain import NO_RULES, Domain
 from dreamgym.experience.affordances import template_of
-from dreamgym.experience.format import LIST_FIELDS, fits, state_delta, whole_word
+from dreamgym.experience.format import LIST_FIELDS, fits, state_delta
 from dreamgym.placeholders import Placeholders
-from dreamgym.state import AbstractState, item_name, parse_state
+from dreamgym.state import AbstractState, item_name, parse_state, whole_word
 
 # Bumped whenever the ranking changes which examples are shown, or their adaptation
 # (examples.adapted_examples) how: built examples keyed on it are then built again instead of reused.

@@ -191,16 +191,16 @@ def dream_curriculum(
 ) -> Curriculum:
     """The curriculum of RL in DreamEnv on `seeds`, its variations written as `curriculum.variations`
     says: as real games one step harder than their seed (`games`: `game_writer`, which the
-    environment provides, e.g. `data/harder_games.harder_game_writer`), by the environment's rules
-    (`domain`) or by `experience`'s backbone (`model`; none when the model is served over HTTP or
-    `experience.variations_per_task` is 0)."""
+    environment provides, e.g. `envs/textworld/harder_games.harder_game_writer`), by the
+    environment's rules (`domain`) or by `experience`'s backbone (`model`; none when the model is
+    served over HTTP or `experience.variations_per_task` is 0)."""
     writer = None
     if config.curriculum.variations == "games":
         if game_writer is None:
             raise DreamgymError(
                 "curriculum.variations is 'games' but no game maker was given: the environment makes the "
-                "harder games (TextWorld: dreamgym.data.harder_games); set curriculum.variations to "
-                "'domain' or 'model' for an environment without one"
+                "harder games (TextWorld: dreamgym.envs.textworld.harder_games); set "
+                "curriculum.variations to 'domain' or 'model' for an environment without one"
             )
         writer = game_writer
     elif config.curriculum.variations == "domain":

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dreamgym.data.collect import (
     CollectionResult,
@@ -24,13 +24,15 @@ from dreamgym.data.collect import (
     plan_collection,
     summarize,
 )
-from dreamgym.data.games import GameSpec, is_complete, make_games
 from dreamgym.data.schema import read_transitions, to_table, write_transitions
 from dreamgym.errors import DreamgymError
 from dreamgym.evaluation import BATCH, EvaluationReport, evaluate_policy
 from dreamgym.evaluation import summarize as summarize_episodes
 from dreamgym.ops.sharding import evaluation_shards, merge, split
 from dreamgym.policy.model import load_policy
+
+if TYPE_CHECKING:  # game generation is TextWorld's: its module is imported where games are made
+    from dreamgym.envs.textworld.games import GameSpec
 
 R = TypeVar("R")
 
@@ -63,12 +65,16 @@ class InProcess:
 
 def make_games_piece(specs: list[GameSpec], out_dir: str) -> list[str]:
     """A piece: compile `specs` into `out_dir` one after the other (in one child process)."""
+    from dreamgym.envs.textworld.games import make_games
+
     return [str(path) for path in make_games(specs, out_dir)]
 
 
 def generate_in_pieces(specs: Sequence[GameSpec], out_dir: str | Path, fanout: Fanout) -> tuple[list[Path], int]:
     """`generate_games` in pieces: the same games (a game depends on its spec alone), the paths
     in spec order and how many were made now."""
+    from dreamgym.envs.textworld.games import is_complete
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{spec.name}.z8" for spec in specs]

@@ -428,7 +428,7 @@ def held_out_evaluator(config: PipelineConfig, project_dir: str | Path) -> Calla
     seeded as `evaluation` says, and return its Score there. Nothing is loaded until it is called."""
 
     def evaluate(reference: str) -> Score:
-        from dreamgym.data.games import target_folder
+        from dreamgym.envs.textworld.games import target_folder
         from dreamgym.evaluation import current_eval_set, evaluate_held_out, held_out_games
         from dreamgym.ops.registry import resolve_model
         from dreamgym.policy.model import load_policy

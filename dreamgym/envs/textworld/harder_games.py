@@ -24,9 +24,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dreamgym.curriculum import WriteVariations
-from dreamgym.data.games import GameSpec, generate_games, spec_of
 from dreamgym.envs.base import Task
 from dreamgym.envs.real import tasks_at_start
+from dreamgym.envs.textworld.games import GameSpec, generate_games, spec_of
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ dreamgym/domain.py); why each, in CHANGELOG.md (measured: results log, 2026-11-2
 - Containers and doors are open or closed: `+insert knife into fridge` among the available actions
   comes with taking the knife only where the fridge is open.
 - The objects a task asks for are its recipe's ingredients (`Recipe: ingredients: a, b.`, as
-  `envs/textworld_env.compact_recipe` writes the task).
+  `envs/textworld/env.compact_recipe` writes the task).
 - A direction of the recipe asks for one action on its ingredient, and the verbs of one family can
   stand in each other's place: `slice`, `chop`, `dice` (with the knife); `fry`, `roast`, `grill`
   (cook with the stove, the oven, the BBQ). So the step that slices the carrot because the recipe
@@ -28,8 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dreamgym.experience.format import acted_object, task_mentions, whole_word
-from dreamgym.state import AbstractState, item_name
+from dreamgym.state import AbstractState, acted_object, item_name, task_mentions, whole_word
 
 _OPEN_OR_CLOSED = re.compile(r"\((open|closed)\b")
 _INGREDIENTS = re.compile(r"\bingredients: (.*?)\. directions:")

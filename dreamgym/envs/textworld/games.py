@@ -7,11 +7,11 @@ never mistaken for this one, and a game that already exists is not made again. E
 compiled in a temporary folder and moved into place only when complete: a killed run never
 leaves half a game behind.
 
-Each worker is one child process (`python -m dreamgym.data.make_games`) that makes its share of
-the games one after another with tw-make's own argument parser and TextWorld's API, the same bytes
-as one `tw-make` process per game (tested): importing TextWorld and parsing its grammar and game
-logic, two thirds of a `tw-make` run (~6 of ~9 s on this machine), are then paid once per worker
-rather than once per game. The child runs with PYTHONHASHSEED=0, as `tw-make` did, because
+Each worker is one child process (`python -m dreamgym.envs.textworld.make_games`) that makes its
+share of the games one after another with tw-make's own argument parser and TextWorld's API, the
+same bytes as one `tw-make` process per game (tested): importing TextWorld and parsing its grammar
+and game logic, two thirds of a `tw-make` run (~6 of ~9 s on this machine), are then paid once per
+worker rather than once per game. The child runs with PYTHONHASHSEED=0, as `tw-make` did, because
 TextWorld writes set-ordered lists into a game's JSON. The story's serial number, the day Inform
 compiled it, is set to a constant: a seed gives the same bytes on any day as on any machine.
 """
@@ -37,9 +37,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dreamgym.data.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
-from dreamgym.envs.real import task_files
-from dreamgym.envs.textworld_env import check_game_file
+from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED, SPLITS, GamesConfig
+from dreamgym.envs.textworld.env import check_game_file
 from dreamgym.errors import DreamgymError
 
 GAME_SUFFIXES = (".z8", ".json", ".ni")
@@ -270,7 +269,7 @@ def make_games(
     each game as it is done. A failure names the game and TextWorld's error."""
     if not specs:
         return []
-    command = [sys.executable, "-m", "dreamgym.data.make_games", str(out_dir)]
+    command = [sys.executable, "-m", "dreamgym.envs.textworld.make_games", str(out_dir)]
     payload = json.dumps([dataclasses.asdict(spec) for spec in specs])
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     made, last_said = [], ""
@@ -330,22 +329,3 @@ def generate_games(
             for future in as_completed(futures):
                 future.result()
     return paths, len(todo)
-
-
-def games_if_any(games_dir: str | Path | None) -> list[Path]:
-    """The games (`.z8`) or tasks (`.swtask`) in a folder, sorted; none where no folder is given, it
-    is not there or it is empty (`games.task_count: 0` makes an empty one)."""
-    if games_dir is None or not Path(games_dir).is_dir():
-        return []
-    return task_files(games_dir)
-
-
-def list_games(games_dir: str | Path) -> list[Path]:
-    """The games or tasks in a folder, sorted; an error if there are none."""
-    games_dir = Path(games_dir)
-    if not games_dir.is_dir():
-        raise DreamgymError(f"games folder {games_dir} does not exist; generate games with `dreamgym games --out DIR`")
-    games = games_if_any(games_dir)
-    if not games:
-        raise DreamgymError(f"no games (.z8) or tasks (.swtask) in {games_dir}; generate them with `dreamgym games`")
-    return games
