@@ -14,8 +14,11 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test install clean-run
 
+# Another preset: `make run PARAMS=params-scienceworld.yaml` (ScienceWorld instead of TextWorld).
+PARAMS ?= params.yaml
+
 run: $(STAMP)
-	$(BIN)/dreamgym run
+	$(BIN)/dreamgym run --params $(PARAMS)
 
 # The linter and formatter first (a second), then the suite on two workers, a test file each at a
 # time (its module fixtures made once), in the collected order: the files with long tests first

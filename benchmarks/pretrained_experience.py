@@ -36,7 +36,7 @@ from transformers import TrainerCallback
 
 from dreamgym.config import load_config
 from dreamgym.envs.dynamics import Query
-from dreamgym.envs.textworld.games import game_setting
+from dreamgym.envs.real import task_setting
 from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances, saved_beside
 from dreamgym.experience.examples import load_examples, load_kept_names, queries_of
 from dreamgym.experience.fidelity import evaluate
@@ -156,7 +156,7 @@ def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict
     """The fidelity of the project's model (its retrieval recorded meanwhile) and of no model on
     `rows`, the retrieval's own time, and the check that replaying the recording changes nothing."""
     started = time.perf_counter()
-    report = evaluate(experience, rows, horizon=0, batch_size=32, progress=True, setting_of=game_setting)
+    report = evaluate(experience, rows, horizon=0, batch_size=32, progress=True, setting_of=task_setting)
     seconds = time.perf_counter() - started
     retrieval = _retrieval_seconds(live, sorted_queries(rows, experience.config.history))
     # Replaying must give the live records: the same prompts, so the same predictions.
@@ -180,7 +180,7 @@ def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict
         rows,
         horizon=0,
         batch_size=32,
-        setting_of=game_setting,
+        setting_of=task_setting,
     )
     print(
         f"{name}: {len(rows)} transitions; model exact {report.summary['next_state_exact_match']:.1%}, "
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> None:
             continue
         began = time.perf_counter()
         fidelity = evaluate(
-            experience, data["rows"], horizon=0, batch_size=args.eval_batch, progress=False, setting_of=game_setting
+            experience, data["rows"], horizon=0, batch_size=args.eval_batch, progress=False, setting_of=task_setting
         )
         report["sets"][name] = _summary(fidelity) | {"seconds": time.perf_counter() - began}
         print(

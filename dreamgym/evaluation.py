@@ -340,7 +340,7 @@ def evaluate_experience_model(
     held-out games of `games_dir`, in an `experience-eval` MLflow run; the summary is written to
     `json_out`. Lives here, not in `dreamgym.experience`, because it plays the real games."""
     from dreamgym.data.collect import collect_held_out
-    from dreamgym.envs.textworld.games import game_setting
+    from dreamgym.envs.real import task_setting
     from dreamgym.experience.report import FidelityRun, measure_fidelity
     from dreamgym.ops.registry import resolve_model
     from dreamgym.ops.tracking import configure_services, stage_run
@@ -360,7 +360,7 @@ def evaluate_experience_model(
         "dreamgym.no_model": str(no_model),
     }
     with stage_run("experience-eval", config, project, tags=tags):
-        summary = measure_fidelity(model_dir, real, run_dir, config, copy_neighbours=no_model, setting_of=game_setting)
+        summary = measure_fidelity(model_dir, real, run_dir, config, copy_neighbours=no_model, setting_of=task_setting)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps({"model": label, "no_model": no_model, **summary}, indent=2))
     return FidelityRun(summary, json_out)

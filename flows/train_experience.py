@@ -28,7 +28,7 @@ from dreamgym.config import PipelineConfig, load_config
 from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.schema import read_transitions
 from dreamgym.domain import named_domain
-from dreamgym.envs.textworld.games import game_setting
+from dreamgym.envs.real import task_setting
 from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
 from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator
@@ -178,7 +178,7 @@ def evaluate_task(
 ) -> dict:
     """Fidelity of the model in `model_dir`, or with `copy_neighbours` of no model: its prompts'
     top neighbour's change (`NeighbourCopy`)."""
-    return measure_fidelity(model_dir, real_path, run_dir, config, copy_neighbours, setting_of=game_setting)
+    return measure_fidelity(model_dir, real_path, run_dir, config, copy_neighbours, setting_of=task_setting)
 
 
 @flow(name="train-experience")

@@ -64,8 +64,9 @@ def test_state_offers_the_actions_a_find_task_needs():
         "mix bowl",
         "pick up glass jar",
         "move blue jay to red box",
-        "move orange in inventory to stove",
-        "move glass jar to red box",
+        "move orange in inventory to stove",  # not into what the task names
+        "move orange in inventory to red box",
+        "move glass jar to red box",  # not carried
         "move glass jar to stove",
         "move orange to hallway",
         "move orange to inventory",
@@ -81,9 +82,8 @@ def test_state_offers_the_actions_a_find_task_needs():
         "go to hallway",
         "look around",
         "pick up glass jar",
-        "move blue jay to red box",  # carried, its words in another order
-        "move orange in inventory to stove",  # carried
-        "move glass jar to red box",  # not carried, but into the box the task names
+        "move blue jay to red box",  # carried (its words in another order), into the box the task names
+        "move orange in inventory to red box",  # carried, as ScienceWorld says
         "focus on book [frankenstein]",  # a name's parentheses as brackets
     }
     assert as_played("focus on book [frankenstein]") == "focus on book (frankenstein)"
@@ -134,7 +134,8 @@ def test_gold_actions_resolved_to_the_valid_ones_by_what_they_act_on():
 
 
 def test_kept_actions_never_move_things_into_rooms():
-    kept = kept_actions(["move orange to kitchen", "move orange to red box"], "kitchen", [], ["orange"], FIND_VERBS, "")
+    valid = ["move orange to kitchen", "move orange to red box"]
+    kept = kept_actions(valid, "kitchen", ["red box (containing nothing)"], ["orange"], FIND_VERBS, "the red box")
     assert kept == ["move orange to red box"]
 
 
@@ -314,3 +315,11 @@ def test_the_experience_model_learns_scienceworld_steps_and_predicts_a_held_out_
     report = evaluate(ExperienceModel(model, tokenizer, settings), held_out, horizon=1)
     assert report.summary["parse_failure_rate"] == 0.0
     assert report.summary["next_state_exact_match"] >= 0.5 and report.summary["reward_accuracy"] >= 0.5
+
+
+def test_reports_group_scienceworld_tasks_by_their_type():
+    from dreamgym.envs.real import task_setting
+
+    assert task_setting("sw-find-living-thing-v12") == "find-living-thing"
+    assert task_setting("cooking-test-r2t2g9-okc-s9100016").startswith("recipe 2, take 2, rooms 9")
+    assert task_setting("my-own-game") == "other"

@@ -94,6 +94,15 @@ def list_games(games_dir: str | Path) -> list[Path]:
     return games
 
 
+def task_setting(task_id: str) -> str:
+    """What kind of task `task_id` is, for reports by setting: a TextWorld game's settings ("recipe 2,
+    take 1, rooms 6, open/cook/cut"), a ScienceWorld task's type ("find-animal"); "other" else."""
+    from dreamgym.envs.scienceworld.tasks import task_type
+    from dreamgym.envs.textworld.games import game_setting
+
+    return task_type(task_id) or game_setting(task_id)
+
+
 def tasks_at_start(paths: Iterable[str | Path]) -> list[Task]:
     """The tasks `paths` pose, each with its initial state, read by one reset and no step: seed
     tasks of RL in DreamEnv for tasks no trajectory was collected from."""

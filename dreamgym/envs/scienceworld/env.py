@@ -29,6 +29,7 @@ from dreamgym.envs.scienceworld.observation import (
     abstract_state,
     as_offered,
     as_played,
+    objects_of,
     parent_ids,
     resolved_action,
     verb_of,
@@ -83,6 +84,7 @@ class ScienceWorldEnv:
         self._next_gold = 0
         self._on_path = False
         self._expert_now: str | None = None
+        self._gold_now: str | None = None  # the gold path's action the expert is on
         self._state = None
         self._valid: list[str] = []
 
@@ -145,7 +147,7 @@ class ScienceWorldEnv:
         self._done = terminated or truncated
         observation, out = self._observe(info, feedback)
         if action == expert:
-            self._next_gold += 1
+            self._next_gold += action == self._gold_now  # not for a pick-up the expert put before a move
         elif (before.location, before.visible, before.inventory) != (
             self._state.location,
             self._state.visible,
@@ -180,9 +182,18 @@ class ScienceWorldEnv:
             gold = self._gold[self._next_gold]
             action = gold if gold in self._valid else self._resolved(gold)
             if action is not None:
-                return as_offered(action)
+                self._gold_now = as_offered(action)
+                return self._carried_first(self._gold_now)
             self._next_gold += 1
         return None
+
+    def _carried_first(self, action: str) -> str:
+        """`action`, or, where it moves a thing the agent does not carry (the state offers moves of
+        carried things only), the action that picks that thing up first."""
+        if verb_of(action) != "move" or action in self._state.actions:
+            return action
+        pick_up = f"pick up {objects_of(action)[0]}"
+        return pick_up if pick_up in self._state.actions else action
 
     def _resolved(self, gold: str) -> str | None:
         verb = verb_of(gold)

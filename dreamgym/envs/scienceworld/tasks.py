@@ -36,6 +36,13 @@ class TaskSpec:
         return f"sw-{self.task}-v{self.variation}"
 
 
+def task_type(task_id: str) -> str | None:
+    """The task type of a ScienceWorld task id ('sw-find-animal-v12' -> 'find-animal'), None for another id."""
+    if not task_id.startswith("sw-") or "-v" not in task_id:
+        return None
+    return task_id[len("sw-") :].rsplit("-v", 1)[0]
+
+
 def read_spec(path: str | Path) -> TaskSpec:
     path = Path(path)
     if path.suffix != SUFFIX or not path.is_file():
