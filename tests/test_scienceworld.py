@@ -323,3 +323,43 @@ def test_reports_group_scienceworld_tasks_by_their_type():
     assert task_setting("sw-find-living-thing-v12") == "find-living-thing"
     assert task_setting("cooking-test-r2t2g9-okc-s9100016").startswith("recipe 2, take 2, rooms 9")
     assert task_setting("my-own-game") == "other"
+
+
+def test_a_jvm_killed_during_collection_replays_its_game_and_loses_or_repeats_nothing(practised, sw_offline, tmp_path):
+    """The JVM dies in the middle of a game: collection starts a new one, plays that game again from
+    its first episode, and the file holds exactly the rows of a collection nothing interrupted."""
+    from dreamgym.data import collect as collection
+    from dreamgym.data.schema import read_transitions
+
+    steps, killed = [0], []
+    original = collection._environment
+
+    def dying_environment(game_file, max_steps):
+        env = original(game_file, max_steps)
+        if not hasattr(env, "_unwrapped_step"):
+            env._unwrapped_step = env.step
+
+            def step(action):
+                steps[0] += 1
+                if steps[0] == 30 and not killed:  # in the second game
+                    killed.append(env._backend._gateway.java_process.pid)
+                    env._backend._gateway.java_process.kill()
+                    env._backend._gateway.java_process.wait(timeout=30)
+                return env._unwrapped_step(action)
+
+            env.step = step
+        return env
+
+    out = tmp_path / "offline.parquet"
+    settings = collection.CollectionSettings("noisy-expert", 0.1, 4, seed=0, max_steps=20)
+    original_close = collection.close_environments
+    collection.close_environments()  # a fresh environment that the wrapper sees
+    try:
+        collection._environment = dying_environment
+        collection.collect(practised, out, settings, workers=1, progress=False)
+    finally:
+        collection._environment = original
+        original_close()
+    assert killed
+    again = sorted(read_transitions(out).column("content_hash").to_pylist())
+    assert again == sorted(read_transitions(sw_offline).column("content_hash").to_pylist())
