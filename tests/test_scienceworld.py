@@ -133,6 +133,14 @@ def test_gold_actions_resolved_to_the_valid_ones_by_what_they_act_on():
     }
 
 
+def test_a_carried_thing_is_known_by_any_of_its_names():
+    from dreamgym.envs.scienceworld.observation import _names
+
+    assert _names("egg parrot", "parrot egg") and _names("orange in inventory", "orange")
+    assert _names("steel table", "table") and _names("flower pot", "flower pot 6 (containing soil)")
+    assert not _names("cup containing orange juice", "orange") and not _names("bee 1", "flower pot 1")
+
+
 def test_kept_actions_never_move_things_into_rooms():
     valid = ["move orange to kitchen", "move orange to red box"]
     kept = kept_actions(valid, "kitchen", ["red box (containing nothing)"], ["orange"], FIND_VERBS, "the red box")
