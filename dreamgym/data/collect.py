@@ -232,19 +232,17 @@ def collect_game(game_file: str, settings: CollectionSettings, run_id: str | Non
     Where the environment's process dies (`EnvCrashed`), the game is played again from its first
     episode, once: its rows are kept whole or not at all."""
     task = load_task(game_file)
-    for attempt in (1, 2):
+
+    def every_episode() -> list[dict]:
         env = _environment(game_file, settings.max_steps)
-        try:
-            rows = [
-                row
-                for episode in range(settings.episodes_per_game)
-                for row in play_episode(env, task, settings, episode, run_id)
-            ]
-            return rows + play_mistake_episodes(env, task, settings, run_id)
-        except EnvCrashed:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+        episodes = range(settings.episodes_per_game)
+        rows = [row for episode in episodes for row in play_episode(env, task, settings, episode, run_id)]
+        return rows + play_mistake_episodes(env, task, settings, run_id)
+
+    try:
+        return every_episode()
+    except EnvCrashed:
+        return every_episode()  # the environment's next reset starts its process again
 
 
 def _games_digest(games: Sequence[Path]) -> list[list[str]]:
