@@ -59,6 +59,16 @@ class EnvError(DreamgymError):
     """An environment was used wrongly (stepped before reset or after the episode ended)."""
 
 
+def check_step_call(started: bool, ended: bool, action: object) -> None:
+    """The errors a real environment's `step` raises when used wrongly (`check_env` checks them)."""
+    if not started:
+        raise EnvError("step() called before reset(); reset the environment with a task first")
+    if ended:
+        raise EnvError("step() called after the episode ended; call reset() to start another")
+    if not isinstance(action, str):
+        raise EnvError(f"actions are text, got {type(action).__name__}")
+
+
 class EnvCrashed(EnvError):
     """The process behind an environment died (ScienceWorld's JVM): the running episode is lost,
     and the next `reset` starts the process again."""

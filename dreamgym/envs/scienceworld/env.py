@@ -24,7 +24,7 @@ import contextlib
 import os
 from collections.abc import Sequence
 
-from dreamgym.envs.base import EnvCrashed, EnvError, Info, StepResult, Task
+from dreamgym.envs.base import EnvCrashed, EnvError, Info, StepResult, Task, check_step_call
 from dreamgym.envs.scienceworld.observation import (
     FIND_VERBS,
     abstract_state,
@@ -134,12 +134,7 @@ class ScienceWorldEnv:
         return self._backend.reset()
 
     def step(self, action: str) -> StepResult:
-        if self._task is None:
-            raise EnvError("step() called before reset(); reset the environment with a task first")
-        if self._done:
-            raise EnvError("step() called after the episode ended; call reset() to start another")
-        if not isinstance(action, str):
-            raise EnvError(f"actions are text, got {type(action).__name__}")
+        check_step_call(self._task is not None, self._done, action)
         before, expert = self._state, self._expert_now
         try:
             feedback, _, completed, info = self._backend.step(as_played(" ".join(action.split())) or "look around")

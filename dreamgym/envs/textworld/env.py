@@ -24,7 +24,7 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
-from dreamgym.envs.base import EnvError, GameFileError, Info, StepResult, Task
+from dreamgym.envs.base import EnvError, GameFileError, Info, StepResult, Task, check_step_call
 from dreamgym.state import AbstractState, format_item, format_state
 
 ENV_NAME = "textworld"
@@ -262,12 +262,7 @@ class TextWorldEnv:
         return self._observe(game_state)
 
     def step(self, action: str) -> StepResult:
-        if self._task is None:
-            raise EnvError("step() called before reset(); reset the environment with a task first")
-        if self._done:
-            raise EnvError("step() called after the episode ended; call reset() to start another")
-        if not isinstance(action, str):
-            raise EnvError(f"actions are text, got {type(action).__name__}")
+        check_step_call(self._task is not None, self._done, action)
         game_state, score, _ = self._game.step(" ".join(action.split()) or "look")
         self._steps += 1
         reward = float(int(score) - self._score)
