@@ -104,15 +104,17 @@ def scienceworld_tasks_task(
     return [str(path) for path in paths]
 
 
-def scienceworld_games(config: PipelineConfig, games_dir: Path) -> tuple[list[str], list[str], list[str]]:
+def scienceworld_games(
+    config: PipelineConfig, train_dir: Path, test_dir: Path, tasks_dir: Path
+) -> tuple[list[str], list[str], list[str]]:
     """The training, held-out and RL-practised tasks of `env.name: scienceworld`: variations of the
     task types from ScienceWorld's train split (the practised ones after the training ones) and
     from its test split."""
     settings, seed = config.scienceworld, config.seed
-    train = scienceworld_tasks_task(str(games_dir / "train"), "train", settings.train_variations, seed, settings)
-    test = scienceworld_tasks_task(str(games_dir / "test"), "test", settings.test_variations, seed, settings)
+    train = scienceworld_tasks_task(str(train_dir), "train", settings.train_variations, seed, settings)
+    test = scienceworld_tasks_task(str(test_dir), "test", settings.test_variations, seed, settings)
     practised = scienceworld_tasks_task(
-        str(games_dir / "tasks"), "train", settings.task_variations, seed, settings, first=settings.train_variations
+        str(tasks_dir), "train", settings.task_variations, seed, settings, first=settings.train_variations
     )
     return train, test, practised
 
@@ -243,7 +245,9 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
         task_games_dir = games_dir / target_folder("tasks", config.games)
         same_test_games_dir = None
         if config.env.name == "scienceworld":
-            train_games, test_games, task_games = scienceworld_games(config, games_dir)
+            train_games, test_games, task_games = scienceworld_games(
+                config, games_dir / "train", test_games_dir, task_games_dir
+            )
         else:
             train_games = generate_games_task(
                 str(games_dir / "train"), "train", config.games.train_count, config.seed, config.games

@@ -43,20 +43,18 @@ def games(
     check_split(split)
     settings = {"games.recipe": recipe, "games.take": take, "games.go": go}
     config = load(params, {"games.workers": workers, "seed": seed} | {k: v for k, v in settings.items() if v})
+    out = out or params.resolve().parent / config.paths.data_dir / "games" / split
     if config.env.name == "scienceworld":
         from dreamgym.envs.scienceworld.tasks import write_tasks
 
         sw = config.scienceworld
         per_type = count if count is not None else sw.train_variations if split == "train" else sw.test_variations
-        out = out or params.resolve().parent / config.paths.data_dir / "games" / split
         paths = write_tasks(sw.tasks, {"valid": "dev"}.get(split, split), per_type, config.seed, out)
         console.print(f"{len(paths)} ScienceWorld {split} tasks in {out} ({per_type} per task type)")
         return
     if count is None:  # held-out splits (valid, test) share test_count
         count = config.games.train_count if split == "train" else config.games.test_count
-    seed = config.seed
-    out = out or params.resolve().parent / config.paths.data_dir / "games" / split
-    paths, made = generate_games(plan_games(config.games, split, count, seed), out, workers=config.games.workers)
+    paths, made = generate_games(plan_games(config.games, split, count, config.seed), out, workers=config.games.workers)
     console.print(f"{len(paths)} {split} games in {out}: {made} made, {len(paths) - made} already there")
 
 

@@ -130,7 +130,7 @@ class ScienceWorldEnv:
     def _load(self, spec):
         if self._backend is None:
             self._backend = started_backend()
-        self._backend.load(spec.task, spec.variation, spec.simplification, generateGoldPath=True)
+        self._backend.load(spec.task, spec.variation, spec.simplification, generateGoldPath=self.expert)
         return self._backend.reset()
 
     def step(self, action: str) -> StepResult:
@@ -175,7 +175,7 @@ class ScienceWorldEnv:
             "max_score": MAX_SCORE,
             "expert_action": None,
             "feedback": feedback,
-            "task_id": self._task.task_id if self._task else None,
+            "task_id": self._task.task_id,
             "step": self._steps,
         }
         return format_state(self._state), out
