@@ -163,6 +163,14 @@ def test_task_files_hold_the_task_and_list_without_a_jvm(find_tasks):
     assert task.env == "scienceworld" and task.max_score == 100
 
 
+def test_a_later_slice_of_variations_is_disjoint_and_one_past_the_split_is_refused(tmp_path):
+    spent = write_tasks(["lifespan-longest-lived"], "test", 3, 0, tmp_path / "spent")
+    fresh = write_tasks(["lifespan-longest-lived"], "test", 3, 0, tmp_path / "fresh", first=3)
+    assert len(fresh) == 3 and not {p.name for p in spent} & {p.name for p in fresh}
+    with pytest.raises(GameFileError, match="fewer than the 1003 asked"):
+        write_tasks(["lifespan-longest-lived"], "test", 3, 0, tmp_path / "none", first=1000)
+
+
 def test_a_bad_task_file_is_refused_with_the_fix(tmp_path):
     bad = tmp_path / "x.swtask"
     bad.write_text("{not json")

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from dreamgym.commands.common import ParamsOption, console, load
+from dreamgym.errors import DreamgymError
 from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED
 
 
@@ -33,6 +34,14 @@ def games(
         list[int] | None, typer.Option(help="Ingredients to find, repeatable [default: games.take].")
     ] = None,
     go: Annotated[list[int] | None, typer.Option(help="Rooms (1, 6, 9 or 12), repeatable [default: games.go].")] = None,
+    first: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="ScienceWorld: skip each type's first N variations of the seed's order "
+            "(a fresh held-out slice beside a spent one: --split test --first 10).",
+        ),
+    ] = 0,
     params: ParamsOption = Path("params.yaml"),
 ) -> None:
     """Generate TextWorld cooking games (skips those that exist). Settings other than the training
@@ -49,9 +58,11 @@ def games(
 
         sw = config.scienceworld
         per_type = count if count is not None else sw.train_variations if split == "train" else sw.test_variations
-        paths = write_tasks(sw.tasks, {"valid": "dev"}.get(split, split), per_type, config.seed, out)
+        paths = write_tasks(sw.tasks, {"valid": "dev"}.get(split, split), per_type, config.seed, out, first)
         console.print(f"{len(paths)} ScienceWorld {split} tasks in {out} ({per_type} per task type)")
         return
+    if first:
+        raise DreamgymError(f"--first {first}: TextWorld games are drawn by seed; choose another --seed instead")
     if count is None:  # held-out splits (valid, test) share test_count
         count = config.games.train_count if split == "train" else config.games.test_count
     paths, made = generate_games(plan_games(config.games, split, count, config.seed), out, workers=config.games.workers)

@@ -90,6 +90,11 @@ def write_tasks(
             if task not in known:
                 raise GameFileError(f"ScienceWorld has no task type {task!r}; choose from {', '.join(sorted(known))}")
             pool = variations(backend, task, split)
+            if first + per_type > len(pool):
+                raise GameFileError(
+                    f"{task} has {len(pool)} {split} variations, fewer than the {first + per_type} asked "
+                    f"(first {first} + {per_type}); ask for fewer"
+                )
             random.Random(f"{seed}-{task}-{split}").shuffle(pool)
             for variation in sorted(pool[first : first + per_type]):
                 path = out_dir / f"sw-{task}-v{variation}{SUFFIX}"
