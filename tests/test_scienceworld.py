@@ -218,6 +218,22 @@ def test_looking_around_keeps_the_expert_and_a_wrong_focus_loses(find_tasks):
         env.close()
 
 
+def test_an_action_several_things_answer_to_takes_the_first_and_leaves_actions_to_play(tmp_path):
+    """ScienceWorld answers 'focus on paint on wood cup' (three cups of paint) with a question and
+    only numbers to play; the adapter answers it, so the episode never stalls on a state without
+    actions (seen: 10 of 2,846 collected steps, and a random walk of the speed benchmark)."""
+    spec = {"task": "find-animal", "variation": 35, "simplification": "easy", "instruction": "find an animal"}
+    (tmp_path / "a.swtask").write_text(json.dumps(spec))
+    env = ScienceWorldEnv(max_steps=30)
+    try:
+        env.reset(load_task(tmp_path / "a.swtask"))
+        observation, _, _, _, info = env.step("look at paint on wood cup")
+        assert "Ambiguous" not in info["feedback"] and "paint" in info["feedback"]
+        assert "go to hallway" in parse_state(observation).actions
+    finally:
+        env.close()
+
+
 def test_a_killed_jvm_is_a_clear_error_and_the_next_reset_recovers(find_tasks):
     env = ScienceWorldEnv(max_steps=30)
     try:

@@ -39,6 +39,7 @@ from dreamgym.envs.scienceworld.tasks import ENV_NAME, read_spec
 from dreamgym.state import format_state
 
 MAX_SCORE = 100
+AMBIGUOUS = "Ambiguous request"  # how ScienceWorld asks which of several things an action meant
 # One JVM per environment, and RL's rollouts and its dream-vs-real check step 32 side by side.
 # With Java's defaults a JVM grew to ~840 MB over 30 episodes, and 32 of them ran a 23 GB machine
 # out of memory; with these it stays at ~245 MB at the same speed (16-17 steps/s; measured:
@@ -138,6 +139,11 @@ class ScienceWorldEnv:
         before, expert = self._state, self._expert_now
         try:
             feedback, _, completed, info = self._backend.step(as_played(" ".join(action.split())) or "look around")
+            if feedback.startswith(AMBIGUOUS):
+                # A name several things answer to (the valid actions name things differently at each
+                # step): ScienceWorld waits for a number, and offers only numbers until it has one.
+                # Its first reading is taken, so that every step ends in a state that offers actions.
+                feedback, _, completed, info = self._backend.step("0")
         except Exception as error:
             if not _is_gateway_error(error):
                 raise
