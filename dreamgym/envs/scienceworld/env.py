@@ -1,9 +1,10 @@
 """ScienceWorld adapter: plays a task file (`tasks.py`) in ScienceWorld's JVM through the `Env` contract.
 
 The observation is the abstract state of `observation.py`. Reward is the increase of
-ScienceWorld's score (0-100; a task starts with the credit its first subgoals give, and a wrong
-`focus on` ends it at -100); `terminated` when the task is completed or failed; `truncated` at
-`max_steps`. An action ScienceWorld does not know is a legal step that changes nothing, as there.
+ScienceWorld's score, to the hundredth (0-100; a task starts with the credit its first subgoals
+give, and a wrong `focus on` ends it at -100); `terminated` when the task is completed or failed;
+`truncated` at `max_steps`. An action ScienceWorld does not know is a legal step that changes
+nothing, as there.
 
 The expert (`info["expert_action"]`) is the task's gold path, each of its actions matched to the
 valid action that acts on the same things (`observation.resolved_action`: the gold path names
@@ -93,7 +94,7 @@ class ScienceWorldEnv:
         self._task: Task | None = None
         self._done = True
         self._steps = 0
-        self._score = 0
+        self._exact = 0.0  # the score to the hundredth
         self._gold: list[str] = []
         self._next_gold = 0
         self._on_path = False
@@ -121,7 +122,7 @@ class ScienceWorldEnv:
                     f"ScienceWorld's JVM does not answer ({again}); it was restarted once"
                 ) from None
         self._task, self._done, self._steps = task, False, 0
-        self._score = int(info["score"])
+        self._exact = self._exact_score()
         self._gold = list(self._backend.get_gold_action_sequence()) if self.expert else []
         self._next_gold, self._on_path = 0, self.expert
 
@@ -144,6 +145,7 @@ class ScienceWorldEnv:
                 # step): ScienceWorld waits for a number, and offers only numbers until it has one.
                 # Its first reading is taken, so that every step ends in a state that offers actions.
                 feedback, _, completed, info = self._backend.step("0")
+            exact = self._exact_score()
         except Exception as error:
             if not _is_gateway_error(error):
                 raise
@@ -155,7 +157,9 @@ class ScienceWorldEnv:
             ) from None
         self._steps += 1
         score = int(info["score"])
-        reward, self._score = float(score - self._score), score
+        # The score's increase to the hundredth, as ScienceWorld keeps it: one subgoal of twelve is
+        # always 8.33, where the whole numbers it reports made it 8 or 9 by what came before.
+        reward, self._exact = round(exact - self._exact, 2), exact
         terminated = bool(completed) or score >= MAX_SCORE or score < 0
         truncated = not terminated and self._steps >= self.max_steps
         self._done = terminated or truncated
@@ -169,6 +173,9 @@ class ScienceWorldEnv:
         ):
             self._on_path = False
         return observation, reward, terminated, truncated, self._with_expert(out)
+
+    def _exact_score(self) -> float:
+        return 100 * self._backend.server.getScore()  # what ScienceWorld rounds into info["score"]
 
     def _observe(self, info: dict, feedback: str) -> tuple[str, Info]:
         self._valid = list(info["valid"])
