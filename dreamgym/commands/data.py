@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from dreamgym.commands.common import ParamsOption, console, load
-from dreamgym.errors import DreamgymError
 from dreamgym.envs.textworld.config import GAME_SEED_STRIDE, MAX_SEED
+from dreamgym.errors import DreamgymError
 
 
 def games(

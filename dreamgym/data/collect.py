@@ -262,9 +262,10 @@ def plan_collection(
     checked = [Path(load_task(game).game_file) for game in games]
     if not checked:
         raise DreamgymError("no games to collect from; generate games with `dreamgym games`")
-    # format 2: rows record the expert's action; 3: a door says the way it leads (a file of an
-    # older format is collected again)
-    metadata = {"collection": asdict(settings), "games": _games_digest(checked), "format": 3}
+    # format 2: rows record the expert's action; 3: a door says the way it leads; 4: ScienceWorld's
+    # rewards to the hundredth, each game from a fresh environment (a file of an older format is
+    # collected again)
+    metadata = {"collection": asdict(settings), "games": _games_digest(checked), "format": 4}
     if out.exists() and read_metadata(out) == metadata:
         reused = CollectionResult(path=str(out), seconds=0.0, reused=True, **summarize(read_transitions(out)))
         return checked, metadata, reused
