@@ -235,10 +235,10 @@ def collect_game(game_file: str, settings: CollectionSettings, run_id: str | Non
 
     def every_episode() -> list[dict]:
         env = _environment(game_file, settings.max_steps)
-        # From a fresh start, so that a game's rows depend on the game alone, not on what this process
-        # played before: ScienceWorld's gold path picks among the things that fit the task (which
-        # animal) from its JVM's random state, which every earlier step moved. A TextWorld game is
-        # loaded anew anyway.
+        # From a fresh start, so that a game's rows do not depend on what this process played before:
+        # ScienceWorld's gold path picks among the things that fit the task (which animal) from its
+        # JVM's state, which every earlier step moved (and even so, not always alike from one JVM to
+        # the next). A TextWorld game is loaded anew anyway.
         env.close()
         episodes = range(settings.episodes_per_game)
         rows = [row for episode in episodes for row in play_episode(env, task, settings, episode, run_id)]
