@@ -23,6 +23,7 @@ from dreamgym.envs.scienceworld.observation import (
     resolved_action,
 )
 from dreamgym.envs.scienceworld.tasks import load_task, write_tasks
+from dreamgym.policy.bc import episodes
 from dreamgym.state import parse_state
 
 KITCHEN = """This room is called the kitchen. In it, you see:
@@ -337,10 +338,7 @@ def test_the_experience_model_learns_scienceworld_steps_and_predicts_a_held_out_
         TINY_EXPERIENCE, domain="none", learnt_actions=False, max_length=2560, max_new_tokens=1200
     )  # entering a room writes out its actions: ~1,100 tokens
     rows = read_transitions(sw_offline).to_pylist()
-    episodes: dict[str, list[dict]] = {}
-    for row in sorted(rows, key=lambda r: (r["trajectory_id"], r["step"])):
-        episodes.setdefault(row["trajectory_id"], []).append(row)
-    won = [steps for steps in episodes.values() if steps[-1]["won"] and steps[0]["task_id"] == rows[0]["task_id"]]
+    won = [steps for steps in episodes(rows) if steps[-1]["won"] and steps[0]["task_id"] == rows[0]["task_id"]]
     same_path = [
         (a, b) for i, a in enumerate(won) for b in won[i + 1 :] if [r["action"] for r in a] == [r["action"] for r in b]
     ]
@@ -404,10 +402,6 @@ def test_a_jvm_killed_during_collection_replays_its_game_and_loses_or_repeats_no
     again, uninterrupted = read_transitions(out).to_pylist(), read_transitions(sw_offline).to_pylist()
     assert {r["trajectory_id"] for r in again} == {r["trajectory_id"] for r in uninterrupted}
     assert len({r["content_hash"] for r in again}) == len(again)  # nothing twice
-    episodes: dict[str, list[dict]] = {}
-    for row in again:
-        episodes.setdefault(row["trajectory_id"], []).append(row)
-    for rows in episodes.values():  # each whole: steps 0..n, ended only at the last
-        rows.sort(key=lambda r: r["step"])
+    for rows in episodes(again):  # each whole: steps 0..n, ended only at the last
         assert [r["step"] for r in rows] == list(range(len(rows)))
         assert [r["terminated"] or r["truncated"] for r in rows] == [False] * (len(rows) - 1) + [True]
