@@ -218,15 +218,28 @@ def experience_eval(
 
 
 @experience_app.command("ablate")
-def experience_ablate(params: ParamsOption = Path("params.yaml")) -> None:
-    """Train and measure the experience model without retrieval, history or reasoning (same data,
-    seed and budget), and measure no model (the top neighbour's change copied); writes
+def experience_ablate(
+    games: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Another folder of held-out games to measure every row on too (e.g. games of shifted "
+            "settings); repeat for more.",
+        ),
+    ] = None,
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """What the LM adds and what each rule layer adds: the experience model with and without its
+    LM and its rule layers, each layer removed, and without retrieval, history or reasoning (same
+    data, seed and budget), on the run's held-out games and on each --games folder; writes
     outputs/experience/ablation.{md,json,png} and logs them to MLflow."""
     config = _config(params)
+    for folder in games or []:
+        if not folder.is_dir():
+            raise typer.BadParameter(f"{folder} is not a folder of games: make one with dreamgym games --out {folder}")
     from dreamgym.ops.tracking import configure_services
 
     configure_services(params.resolve().parent / config.paths.run_dir)
-    result = _start_flow(ABLATION, str(params))
+    result = _start_flow(ABLATION, str(params), [str(folder) for folder in games or []])
     Console(soft_wrap=True).print(result["table"])
 
 

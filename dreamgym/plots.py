@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def new_figure(width: float = 7, height: float = 4):
-    """A figure and its one axis, drawn by the Agg canvas."""
+def new_figure(width: float = 7, height: float = 4, columns: int = 1):
+    """A figure and its one axis (with `columns` > 1: that many axes side by side), drawn by the Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # slow import
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height))
     FigureCanvasAgg(figure)
+    if columns > 1:
+        return figure, [figure.add_subplot(1, columns, column + 1) for column in range(columns)]
     return figure, figure.add_subplot()
 
 

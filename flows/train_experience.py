@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.schema import read_transitions
 from dreamgym.domain import named_domain
 from dreamgym.envs.real import task_setting
-from dreamgym.experience.ablation import NO_MODEL, ablation_rows, markdown, plot, variant_configs
+from dreamgym.experience.ablation import FULL, Variant, ablation_rows, markdown, plot, trained, variants
 from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
 from dreamgym.experience.annotate import make_annotator
 from dreamgym.experience.config import ExperienceConfig
@@ -238,24 +239,33 @@ def _training_key(config: PipelineConfig) -> str:
 
 
 @flow(name="ablate-experience")
-def ablate_experience(config: PipelineConfig, ingested: IngestResult, project_dir: str = ".") -> dict:
-    """The configured experience model and its ablations, trained and measured alike; one parent
-    MLflow run holds the table (Markdown, JSON) and its plot, each variant a nested run."""
+def ablate_experience(
+    config: PipelineConfig, ingested: IngestResult, project_dir: str = ".", slices: Sequence[str] = ()
+) -> dict:
+    """The configured experience model, the LM and its rule layers each without the other, each
+    layer removed, and the paper's ablations (`dreamgym.experience.ablation`), trained and measured
+    alike on the run's held-out games and on each games folder of `slices`; one parent MLflow run
+    holds the tables (Markdown, JSON) and their plot, each variant a nested run."""
     project = Path(project_dir).resolve()
     out_dir = project / config.paths.outputs_dir / "experience"
     out_dir.mkdir(parents=True, exist_ok=True)
+    rows_of = variants(config)
     with stage_run("ablate-experience", config, project, tags={"dreamgym.data_md5": ingested.data_md5}) as run:
-        trained = {
+        models = {
             name: train_experience(
-                variant, ingested, project_dir, register_model=name == "full", run_name=f"experience: {name}"
+                variant, ingested, project_dir, register_model=name == FULL, run_name=f"experience: {name}"
             )
-            for name, variant in variant_configs(config).items()
+            for name, variant in trained(rows_of).items()
         }
-        results = {name: result.fidelity for name, result in trained.items()}
-        if config.experience.neighbours:  # what the LM adds over the example it is shown
-            copied = {NO_MODEL: neighbour_copy_fidelity(config, trained["full"], project)}
-            results = {"full": results.pop("full"), **copied, **results}
-        rows = ablation_rows(results)
+        held_out = ingested.same_test_games_dir or ingested.test_games_dir  # as train_experience measures
+        rows = []
+        for games in [held_out, *slices]:
+            name = "fidelity_real.parquet" if games == held_out else f"fidelity_real-{_slice_key(games)}.parquet"
+            real = real_transitions_task(games, str(out_dir / name), config)
+            results = {
+                name: variant_fidelity(name, row, models[row.model_of], real, project) for name, row in rows_of.items()
+            }
+            rows += ablation_rows(results, _slice_name(games, project))
         table = markdown(rows)
         (out_dir / "ablation.md").write_text(table + "\n")
         (out_dir / "ablation.json").write_text(json.dumps(rows, indent=2))
@@ -264,28 +274,42 @@ def ablate_experience(config: PipelineConfig, ingested: IngestResult, project_di
         create_markdown_artifact(
             key="experience-ablation",
             markdown="## Experience model ablations\n\n" + table,
-            description="Fidelity with retrieval, history or reasoning removed",
+            description="Fidelity of the LM and its rule layers, each without the other, and the paper's ablations",
         )
         return {"mlflow_run_id": run.info.run_id, "rows": rows, "table": table}
 
 
-def neighbour_copy_fidelity(config: PipelineConfig, full: ExperienceResult, project: Path) -> dict:
-    """The ablation row without a model, in its own nested MLflow run: the full model's prompts'
-    top neighbour's change, measured on the same real transitions."""
-    with stage_run("experience-no-model", config, project, run_name=f"experience: {NO_MODEL}"):
+def _slice_key(games: str) -> str:
+    """A file-name key for a games folder: its name and a hash of its whole path."""
+    path = str(Path(games).resolve())
+    return f"{Path(path).name}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+
+
+def _slice_name(games: str, project: Path) -> str:
+    path = Path(games).resolve()
+    return str(path.relative_to(project)) if path.is_relative_to(project) else str(path)
+
+
+def variant_fidelity(name: str, variant: Variant, model: ExperienceResult, real: str, project: Path) -> dict:
+    """One row's fidelity on the real transitions in `real`, in its own nested MLflow run: the
+    trained model of `variant.model_of` used with the row's settings, or its top example copied
+    (`NeighbourCopy`). Cached by model, settings and transitions: a model's own row on its own
+    held-out games is what `train_experience` measured already."""
+    with stage_run("experience-ablation-row", variant.config, project, run_name=f"experience: {name}"):
         return evaluate_task(
-            str(full.train.model_dir),
-            str(project / config.paths.outputs_dir / "experience" / "fidelity_real.parquet"),
-            str(project / config.paths.run_dir),
-            config,
-            copy_neighbours=True,
+            str(model.train.model_dir),
+            real,
+            str(project / variant.config.paths.run_dir),
+            variant.config,
+            copy_neighbours=variant.copied,
         )
 
 
 @flow(name="experience-ablation")
-def ablation(params: str = "params.yaml") -> dict:
-    """`dreamgym experience ablate`: the data (ingest, cached when unchanged), then the ablations."""
+def ablation(params: str = "params.yaml", slices: Sequence[str] = ()) -> dict:
+    """`dreamgym experience ablate`: the data (ingest, cached when unchanged), then the ablations,
+    measured on the run's held-out games and on the games folders `slices`."""
     params_path = Path(params).resolve()
     config = load_config(params_path)
     project = str(params_path.parent)
-    return ablate_experience(config, ingest(config, project), project)
+    return ablate_experience(config, ingest(config, project), project, [str(Path(s).resolve()) for s in slices])

@@ -3,15 +3,20 @@ and the training data's ways back, and the room as the episode left it."""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
+import pytest
+from conftest import TINY_EXPERIENCE
+
+from dreamgym.buffer.store import upsert_transitions
 from dreamgym.data.collect import CollectionSettings, collect
-from dreamgym.data.schema import read_transitions
+from dreamgym.data.schema import read_transitions, to_table
 from dreamgym.envs.dynamics import Query
 from dreamgym.envs.textworld.config import GamesConfig
 from dreamgym.envs.textworld.games import generate_games, plan_games
 from dreamgym.experience.affordances import Affordances, learnt_from_rows, learnt_returns
 from dreamgym.experience.examples import queries_of
+from dreamgym.experience.generate import NeighbourCopy
 from dreamgym.experience.places import destination, remembered
 from dreamgym.state import AbstractState, format_state, parse_state
 
@@ -110,3 +115,19 @@ def test_on_real_games_a_move_back_gives_the_room_the_game_shows(walks):
             unchanged += 1
             assert predicted == real  # actions and all
     assert answered >= 3 and unchanged >= 1
+
+
+def test_the_copy_that_stands_for_no_lm_keeps_the_memory_of_places(walks, buffer_db, encoder):
+    """The ablation's no-LM row has the model's rule layers on (experience/ablation.py): a move back
+    into a room the episode has been gives the room as the episode left it, not the example's."""
+    upsert_transitions(buffer_db, to_table(walks), embed=encoder.encode)
+    config = dataclasses.replace(TINY_EXPERIENCE, neighbours=1, retrieval_pool=50)
+    assert config.remember_places  # the default: on for the model and for its copy alike
+    copier = NeighbourCopy(config, buffer_db, encoder, 100, affordances=learnt_from_rows(walks, None))
+    queries = queries_of(walks, config.history)
+    places = copier.remembered(queries)
+    moves_back = [i for i, place in enumerate(places) if place is not None]
+    predictions = copier.predict([queries[i] for i in moves_back])
+    answered = [(i, p) for i, p in zip(moves_back, predictions) if p.ok]
+    assert len(answered) >= 3, len(answered)
+    assert all(p.completion.next_state == places[i] for i, p in answered)

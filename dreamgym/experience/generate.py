@@ -446,8 +446,9 @@ class NeighbourCopy(ExperienceModel):
     example (the top-ranked neighbour, as the model's prompt shows it) is copied, its change
     applied to the query's state, its reward and done taken as they are. A query whose example's
     change does not fit its state is an explicit failure, as it is for the model. Retrieval,
-    placeholders and parsing are the model's own code. Nor does it remember the places of an
-    episode (places.py): the baseline is the neighbour's change alone."""
+    placeholders, parsing and the rule layers (the learnt actions that adapt the examples, the
+    memory of places) are the model's own code and settings, so that the difference to the model
+    is the LM alone (ablation.py)."""
 
     def __init__(
         self,
@@ -462,7 +463,7 @@ class NeighbourCopy(ExperienceModel):
         if not config.neighbours:
             raise ValueError("copying the top neighbour needs retrieval (experience.neighbours > 0)")
         # A copy is the same on every try: retrying it would only cost time.
-        config = dataclasses.replace(config, retries=0, remember_places=False)
+        config = dataclasses.replace(config, retries=0)
         super().__init__(None, None, config, database, encoder, ef_search, seed, kept_names, affordances)
 
     def generate(self, prompts: Sequence[str], *args, **kwargs) -> list[str]:
