@@ -156,7 +156,7 @@ def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict
     """The fidelity of the project's model (its retrieval recorded meanwhile) and of no model on
     `rows`, the retrieval's own time, and the check that replaying the recording changes nothing."""
     started = time.perf_counter()
-    report = evaluate(experience, rows, horizon=0, batch_size=32, progress=True, setting_of=task_setting)
+    report = evaluate(experience.dynamics(), rows, horizon=0, batch_size=32, progress=True, setting_of=task_setting)
     seconds = time.perf_counter() - started
     retrieval = _retrieval_seconds(live, sorted_queries(rows, experience.config.history))
     # Replaying must give the live records: the same prompts, so the same predictions.
@@ -170,13 +170,13 @@ def _measured(experience: ExperienceModel, live, recorded: dict, rows: list[dict
     )
     check = args.check_transitions
     same = (
-        evaluate(replayed, rows[:check], horizon=0, batch_size=32).records
-        == evaluate(experience, rows[:check], horizon=0, batch_size=32).records
+        evaluate(replayed.dynamics(), rows[:check], horizon=0, batch_size=32).records
+        == evaluate(experience.dynamics(), rows[:check], horizon=0, batch_size=32).records
     )
     if not same:
         raise SystemExit(f"{name}: replayed retrieval gives other records than the live one")
     copy = evaluate(
-        ReplayedCopy(experience.config, recorded, experience.kept_names, experience.affordances),
+        ReplayedCopy(experience.config, recorded, experience.kept_names, experience.affordances).dynamics(),
         rows,
         horizon=0,
         batch_size=32,
@@ -309,8 +309,9 @@ def run(args: argparse.Namespace) -> None:
             print(f"{name}: skipped, past the deadline", flush=True)
             continue
         began = time.perf_counter()
+        rows = data["rows"]
         fidelity = evaluate(
-            experience, data["rows"], horizon=0, batch_size=args.eval_batch, progress=False, setting_of=task_setting
+            experience.dynamics(), rows, horizon=0, batch_size=args.eval_batch, progress=False, setting_of=task_setting
         )
         report["sets"][name] = _summary(fidelity) | {"seconds": time.perf_counter() - began}
         print(

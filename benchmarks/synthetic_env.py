@@ -43,7 +43,7 @@ def forget_encodings(experience) -> None:
 def synthetic_rate(experience, tasks, batch: int, steps: int, seed: int) -> dict:
     rng = random.Random(seed)
     forget_encodings(experience)
-    envs = [DreamEnv(experience, max_steps=steps, slot=slot, record=False) for slot in range(batch)]
+    envs = [DreamEnv(experience.dynamics(), max_steps=steps, slot=slot, record=False) for slot in range(batch)]
     observations = [env.reset(tasks[(seed + slot) % len(tasks)])[0] for slot, env in enumerate(envs)]
     started = time.perf_counter()
     for _ in range(steps):
@@ -82,7 +82,8 @@ def grouped_rate(experience, policy, tasks, batch: int, steps: int, seed: int, g
             timed[0] += time.perf_counter() - started
 
     slots = [tasks[(seed * batch + n // group) % len(tasks)] for n in range(batch)]
-    envs = [DreamEnv(dynamics or experience, max_steps=steps, slot=slot, record=False) for slot in range(len(slots))]
+    dynamics = dynamics or experience.dynamics()
+    envs = [DreamEnv(dynamics, max_steps=steps, slot=slot, record=False) for slot in range(len(slots))]
     rollout._step = timed_step
     forget_encodings(experience)
     try:
@@ -161,7 +162,7 @@ def main() -> None:
             policy = load_policy(args.policy, config.policy)
             # GRPO's rollouts, then as the pipeline steps DreamEnv by default (rl.recall_real):
             # recorded real steps replayed, the model predicts the rest.
-            recalling = RecallingDynamics(experience, rows)  # its lookup table, built once
+            recalling = RecallingDynamics(experience.dynamics(), rows)  # its lookup table, built once
             for name, dynamics in (("grouped", None), ("grouped_recalling", recalling)):
                 report[name] = {}
                 for batch in (b for b in args.batches if b >= 4):

@@ -235,8 +235,8 @@ def dream_rl_task(
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
         game_writer = harder_game_writer(Path(out_dir) / "variation-games", config.seed, config.games.workers)
         curriculum = dream_curriculum(seeds, experience, config, game_writer)
-        recalling = RecallingDynamics(experience, rows) if config.rl.recall_real else None
-        dynamics = recalling or experience
+        recalling = RecallingDynamics(experience.dynamics(), rows) if config.rl.recall_real else None
+        dynamics = recalling or experience.dynamics()
 
         def make_env(slot: int) -> DreamEnv:
             return DreamEnv(

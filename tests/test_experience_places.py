@@ -17,7 +17,7 @@ from dreamgym.envs.textworld.games import generate_games, plan_games
 from dreamgym.experience.affordances import Affordances, learnt_from_rows, learnt_returns
 from dreamgym.experience.examples import queries_of
 from dreamgym.experience.generate import NeighbourCopy
-from dreamgym.experience.places import destination, remembered
+from dreamgym.experience.places import RememberedPlaces, destination, remembered
 from dreamgym.state import AbstractState, format_state, parse_state
 
 HALL = AbstractState("hall", ("rug",), (), ("go east", "look"))
@@ -117,17 +117,32 @@ def test_on_real_games_a_move_back_gives_the_room_the_game_shows(walks):
     assert answered >= 3 and unchanged >= 1
 
 
-def test_the_copy_that_stands_for_no_lm_keeps_the_memory_of_places(walks, buffer_db, encoder):
-    """The ablation's no-LM row has the model's rule layers on (experience/ablation.py): a move back
-    into a room the episode has been gives the room as the episode left it, not the example's."""
+def test_the_memory_is_a_layer_over_the_copy_that_stands_for_no_lm_as_over_the_lm(walks, buffer_db, encoder):
+    """The ablation's no-LM row has the model's rule layers on (experience/ablation.py): over the
+    copy of the top example, a move back into a room the episode has been gives the room as the
+    episode left it; the reward and the end stay the copy's, and a failure stays a failure."""
     upsert_transitions(buffer_db, to_table(walks), embed=encoder.encode)
     config = dataclasses.replace(TINY_EXPERIENCE, neighbours=1, retrieval_pool=50)
     assert config.remember_places  # the default: on for the model and for its copy alike
-    copier = NeighbourCopy(config, buffer_db, encoder, 100, affordances=learnt_from_rows(walks, None))
+    affordances = learnt_from_rows(walks, None)
+    copier = NeighbourCopy(config, buffer_db, encoder, 100, affordances=affordances)
+    layered = copier.dynamics()
+    assert isinstance(layered, RememberedPlaces) and layered.history == copier.history
     queries = queries_of(walks, config.history)
-    places = copier.remembered(queries)
+    places = [remembered(query, affordances) for query in queries]
     moves_back = [i for i, place in enumerate(places) if place is not None]
-    predictions = copier.predict([queries[i] for i in moves_back])
-    answered = [(i, p) for i, p in zip(moves_back, predictions) if p.ok]
-    assert len(answered) >= 3, len(answered)
-    assert all(p.completion.next_state == places[i] for i, p in answered)
+    asked = [queries[i] for i in moves_back]
+    for index, plain, with_memory in zip(moves_back, copier.predict(asked), layered.predict(asked), strict=True):
+        assert plain.ok == with_memory.ok
+        if plain.ok:
+            assert with_memory.completion.next_state == places[index]
+            assert (with_memory.completion.reward, with_memory.completion.done) == (
+                plain.completion.reward,
+                plain.completion.done,
+            )
+    replaced = sum(p.ok and p.completion.next_state != places[i] for i, p in zip(moves_back, copier.predict(asked)))
+    assert replaced >= 1  # the memory changed some of the copy's answers
+    # Switched off, the copy is the copy alone.
+    off = dataclasses.replace(config, remember_places=False)
+    alone = NeighbourCopy(off, buffer_db, encoder, 100, affordances=affordances)
+    assert alone.dynamics() is alone

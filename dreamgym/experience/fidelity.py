@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from dreamgym.envs.dynamics import Prediction, Query, Step
-from dreamgym.experience.generate import ExperienceModel
+from dreamgym.envs.dynamics import Dynamics, Prediction, Query, Step
 from dreamgym.state import AbstractState, item_name, parse_state
 
 FIELDS = ("location", "visible", "inventory", "actions")
@@ -109,9 +108,7 @@ def _batches(items: list, size: int):
         yield items[start : start + size]
 
 
-def single_step(
-    model: ExperienceModel, rows: Sequence[dict], batch_size: int = 32, progress: bool = False
-) -> list[dict]:
+def single_step(model: Dynamics, rows: Sequence[dict], batch_size: int = 32, progress: bool = False) -> list[dict]:
     """Per-transition records for every real transition, from the real state and history."""
     jobs = []
     for episode in _episodes(rows):
@@ -126,7 +123,7 @@ def single_step(
                         row["instruction"],
                         state,
                         row["action"],
-                        tuple(history[-model.config.history :] if model.config.history else ()),
+                        tuple(history[-model.history :] if model.history else ()),
                         row["trajectory_id"],
                         earlier=tuple(earlier),
                     ),
@@ -144,7 +141,7 @@ def single_step(
 
 
 def open_loop(
-    model: ExperienceModel, rows: Sequence[dict], horizon: int, batch_size: int = 32, progress: bool = False
+    model: Dynamics, rows: Sequence[dict], horizon: int, batch_size: int = 32, progress: bool = False
 ) -> list[dict]:
     """Per step t (1..horizon): exact-match rate and field F1 of the t-th predicted state.
 
@@ -168,7 +165,7 @@ def open_loop(
                     episodes[i][t]["instruction"],
                     states[i],
                     episodes[i][t]["action"],
-                    tuple(histories[i][-model.config.history :] if model.config.history else ()),
+                    tuple(histories[i][-model.history :] if model.history else ()),
                     episodes[i][t]["trajectory_id"],
                     earlier=tuple(earlier[i]),
                 )
@@ -203,7 +200,7 @@ class FidelityReport:
 
 
 def evaluate(
-    model: ExperienceModel,
+    model: Dynamics,
     rows: Sequence[dict],
     horizon: int,
     batch_size: int = 32,

@@ -28,7 +28,7 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 
 from dreamgym.config import PipelineConfig
 from dreamgym.domain import named_domain
-from dreamgym.envs.dynamics import Prediction, Query, Step
+from dreamgym.envs.dynamics import Dynamics, Prediction, Query, Step
 from dreamgym.errors import DreamgymError
 from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances
 from dreamgym.experience.config import ExperienceConfig
@@ -53,7 +53,7 @@ from dreamgym.experience.format import (
     parse_completion,
     with_real_names,
 )
-from dreamgym.experience.places import remembered
+from dreamgym.experience.places import RememberedPlaces
 from dreamgym.placeholders import Placeholders, shown_names
 from dreamgym.sections import config_part
 from dreamgym.state import AbstractState, whole_word
@@ -369,12 +369,13 @@ class ExperienceModel(DraftDecoding):
             ]
         )
 
-    def remembered(self, queries: Sequence[Query]) -> list[AbstractState | None]:
-        """Each query's next state where it moves back into a place its episode has been
-        (experience.remember_places, places.py), else None."""
-        if not self.config.remember_places or self.affordances is None:
-            return [None] * len(queries)
-        return [remembered(query, self.affordances) for query in queries]
+    def dynamics(self) -> Dynamics:
+        """This model with its rule layers over it, as DreamEnv and the fidelity evaluation use
+        it: the memory of places (experience.remember_places, places.py) where it is on and the
+        model shows its examples with learnt actions."""
+        if self.config.remember_places and self.affordances is not None:
+            return RememberedPlaces(self, self.affordances)
+        return self
 
     @property
     def history(self) -> int:
@@ -386,7 +387,6 @@ class ExperienceModel(DraftDecoding):
         model wrote, in the prompt's). A prompt that several queries share is written once: a GRPO
         group's rollouts start from one state and often take the same first moves, and what the
         model writes depends on nothing but the prompt (greedy, or sampled with a seed of it)."""
-        places = self.remembered(queries)
         framed = self.framed(queries)
         prompts = [prompt for prompt, _, _ in framed]
         queries = [shown for _, shown, _ in framed]
@@ -418,8 +418,6 @@ class ExperienceModel(DraftDecoding):
                         text, queries[index].state, self.config.reasoning, shown_changes[index], shown_traces[index]
                     )
                     completion = with_real_names(completion, framed[index][2])
-                    if places[index] is not None:
-                        completion = dataclasses.replace(completion, next_state=places[index])
                     results[index] = Prediction(completion, text, attempt + 1)
                 except FormatError as error:
                     results[index] = Prediction(None, text, attempt + 1, str(error))

@@ -15,7 +15,9 @@ last showed it, with what the player carries now. Two things make that a predict
   if the step from that last state had changed only what the player carries.
 
 Where the memory knows the next state, it replaces the model's; the reward and the end are the
-model's (measured: results log, 2026-11-29, "places the episode has been").
+model's (measured: results log, 2026-11-29, "places the episode has been"). `RememberedPlaces` is
+that rule as a layer over any `Dynamics` (the LM, or the copy that stands for no LM in the
+ablation), on or off with `experience.remember_places`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from dreamgym.envs.dynamics import Query
+from dreamgym.envs.dynamics import Dynamics, Prediction, Query
 from dreamgym.experience.affordances import Affordances, actions_on_no_object, items_of
 from dreamgym.state import AbstractState
 
@@ -63,3 +65,25 @@ def remembered(query: Query, affordances: Affordances) -> AbstractState | None:
     # the objects it holds and the player carries now.
     plain = actions_on_no_object(last.actions, items_of(last))
     return dataclasses.replace(carrying_now, actions=tuple(plain | affordances.predict(carrying_now, last)))
+
+
+class RememberedPlaces:
+    """`model`, except that a move back into a place the episode has been gets the room as the
+    episode left it for its next state; the reward and the end stay `model`'s, and a prediction
+    that failed stays a failure."""
+
+    def __init__(self, model: Dynamics, affordances: Affordances):
+        self.model, self.affordances = model, affordances
+
+    @property
+    def history(self) -> int:
+        return self.model.history
+
+    def predict(self, queries: Sequence[Query]) -> list[Prediction]:
+        predictions = self.model.predict(queries)
+        for index, (query, prediction) in enumerate(zip(queries, predictions, strict=True)):
+            place = remembered(query, self.affordances) if prediction.ok else None
+            if place is not None:
+                completion = dataclasses.replace(prediction.completion, next_state=place)
+                predictions[index] = dataclasses.replace(prediction, completion=completion)
+        return predictions

@@ -89,7 +89,7 @@ def measure_fidelity(
 
     with open_experience_model(model_dir, run_dir, config, copy_neighbours) as experience:
         report = evaluate(
-            experience,
+            experience.dynamics(),
             read_transitions(real_path).to_pylist(),
             config.experience.multi_step,
             progress=True,
