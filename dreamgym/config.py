@@ -93,8 +93,6 @@ class PipelineConfig:
                 )
                 if value != fix
             ]
-            if self.curriculum.variations == "games":
-                wrong.append("curriculum.variations is 'games' (harder TextWorld games), use 'model'")
             if wrong:
                 fixes = "; ".join(wrong)
                 raise ValueError(f"env.name is {self.env.name!r}, but {fixes} (params-scienceworld.yaml has them all)")

@@ -22,11 +22,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from dreamgym.config import PipelineConfig, config_to_dict
-from dreamgym.curriculum import Curriculum
+from dreamgym.curriculum import Curriculum, WriteVariations
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.dream_env import DreamEnv
 from dreamgym.envs.real import env_for, games_if_any, list_games, load_task, tasks_at_start
 from dreamgym.envs.recall import RecallingDynamics
+from dreamgym.envs.scienceworld.tasks import unseen_variation_writer
 from dreamgym.envs.textworld.harder_games import harder_game_writer
 from dreamgym.evaluation import (
     current_eval_set,
@@ -128,6 +129,15 @@ class PolicyResult:
 
 def _key(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def variation_game_writer(out_dir: Path, config: PipelineConfig) -> WriteVariations:
+    """The real environment's variations for `curriculum.variations: games`: TextWorld's games one
+    step harder than their seed, ScienceWorld's train variations that the project has not used."""
+    if config.env.name == "scienceworld":
+        used = config.scienceworld.train_variations + config.scienceworld.task_variations
+        return unseen_variation_writer(out_dir, config.seed, first=used)
+    return harder_game_writer(out_dir, config.seed, config.games.workers)
 
 
 @task(
@@ -233,7 +243,7 @@ def dream_rl_task(
         database = experience.database
         if config.rl.write_back and database is None:
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
-        game_writer = harder_game_writer(Path(out_dir) / "variation-games", config.seed, config.games.workers)
+        game_writer = variation_game_writer(Path(out_dir) / "variation-games", config)
         curriculum = dream_curriculum(seeds, experience, config, game_writer)
         recalling = RecallingDynamics(experience.dynamics(), rows) if config.rl.recall_real else None
         dynamics = recalling or experience.dynamics()

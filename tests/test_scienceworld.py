@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
 
 import pytest
 
+from dreamgym.curriculum import check_variation, state_verbs
 from dreamgym.envs.base import GameFileError
 from dreamgym.envs.checker import check_env
+from dreamgym.envs.real import tasks_at_start
 from dreamgym.envs.scienceworld.env import ScienceWorldEnv, ScienceWorldError
 from dreamgym.envs.scienceworld.observation import (
     FIND_VERBS,
@@ -22,7 +25,7 @@ from dreamgym.envs.scienceworld.observation import (
     parent_ids,
     resolved_action,
 )
-from dreamgym.envs.scienceworld.tasks import load_task, write_tasks
+from dreamgym.envs.scienceworld.tasks import load_task, unseen_variation_writer, write_tasks
 from dreamgym.policy.bc import episodes
 from dreamgym.state import parse_state
 
@@ -217,6 +220,36 @@ def test_looking_around_keeps_the_expert_and_a_wrong_focus_loses(find_tasks):
         _, reward, terminated, truncated, info = env.step(wrong)
         assert terminated and not truncated and info["lost"] and info["score"] < 0 and reward < 0
         assert info["expert_action"] is None
+    finally:
+        env.close()
+
+
+def test_the_curriculum_s_variations_are_train_variations_the_project_has_not_used_and_the_expert_wins_them(
+    find_tasks, tmp_path
+):
+    """`curriculum.variations: games` on ScienceWorld: each seed's task type's train variations after
+    those the project took (here the first 2), real tasks that pass the curriculum's check."""
+    seeds = tasks_at_start([task.game_file for task in find_tasks])
+    writer = unseen_variation_writer(tmp_path / "variations", seed=0, first=2)
+    first = list(itertools.islice(writer(seeds, 2), 2))
+    # The seeds in turn, each variation named by its seed; two seeds of one type share its variations.
+    assert [task.task_id for task in first] == [seeds[0].task_id, seeds[2].task_id]
+    # The next variation of the seed's order: the one the project would have taken third.
+    [third] = write_tasks(["find-living-thing"], "train", 1, 0, tmp_path / "third", first=2)
+    assert Path(first[0].game_file).name == third.name
+    known = {(seed.instruction, seed.initial_state) for seed in seeds}
+    for candidate, seed in zip(first, [seeds[0], seeds[2]], strict=True):
+        assert check_variation(candidate, seed, known, state_verbs(s.initial_state for s in seeds)) is None
+    again = list(itertools.islice(writer(seeds, 2), 2))
+    assert not {task.game_file for task in again} & {task.game_file for task in first}  # read once, never again
+    env = ScienceWorldEnv(max_steps=30)
+    try:
+        observation, info = env.reset(load_task(first[0].game_file))
+        assert observation == first[0].initial_state
+        while not (info["won"] or info["lost"]):
+            observation, _, _, truncated, info = env.step(info["expert_action"])
+            assert not truncated
+        assert info["won"]
     finally:
         env.close()
 

@@ -133,7 +133,9 @@ class CurriculumConfig:
         Literal["games", "model", "domain"],
         described(
             "Who writes the variations: 'games', the environment, as a real game one step harder "
-            "than the seed (a larger recipe, more to find, more rooms; its start read by a reset); "
+            "than the seed (TextWorld: a larger recipe, more to find, more rooms) or one the project "
+            "has not used (ScienceWorld: another train variation of the seed's task type), its start "
+            "read by a reset; "
             "'model', the experience model's backbone (the paper; experience.variations_per_task "
             "trains it to); 'domain', the environment's rules (experience.domain): the seed's start "
             "under another task it could pose."

@@ -9,13 +9,19 @@ from the test variations, so no held-out variation is ever played in collection 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dreamgym.envs.base import GameFileError, Task
+
+if TYPE_CHECKING:
+    from dreamgym.curriculum import WriteVariations
 
 ENV_NAME = "scienceworld"
 SUFFIX = ".swtask"
@@ -72,6 +78,14 @@ def variations(backend, task: str, split: str) -> list[int]:
     )
 
 
+def _write_spec(backend, task: str, variation: int, path: Path) -> None:
+    backend.load(task, variation, SIMPLIFICATION)
+    spec = TaskSpec(task, variation, SIMPLIFICATION, " ".join(backend.get_task_description().split()))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(spec), indent=1) + "\n")
+    tmp.replace(path)
+
+
 def write_tasks(
     task_types: Sequence[str], split: str, per_type: int, seed: int, out_dir: str | Path, first: int = 0
 ) -> list[Path]:
@@ -99,12 +113,67 @@ def write_tasks(
             for variation in sorted(pool[first : first + per_type]):
                 path = out_dir / f"sw-{task}-v{variation}{SUFFIX}"
                 if not path.is_file():
-                    backend.load(task, variation, SIMPLIFICATION)
-                    spec = TaskSpec(task, variation, SIMPLIFICATION, " ".join(backend.get_task_description().split()))
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(asdict(spec), indent=1) + "\n")
-                    tmp.replace(path)
+                    _write_spec(backend, task, variation, path)
                 paths.append(path)
     finally:
         backend.close()
     return paths
+
+
+def unseen_variation_writer(out_dir: str | Path, seed: int, first: int) -> WriteVariations:
+    """`write_variations` for `Curriculum` (`curriculum.variations: games`): for each seed task, train
+    variations of its task type that the project has not used (those after the `first` of the seed's
+    order: the training tasks and the ones RL practises), real tasks that the offline data never
+    showed, valid and solvable by construction (ScienceWorld made them, with a gold path). The seeds
+    are taken in turn, each type's variations in the order `seed` shuffles them, made `count` at a
+    time as far as the curriculum reads; a variation read once is not offered again. Each comes as a
+    Task with its seed's id (the curriculum names the variation), its task file in `out_dir` and its
+    initial state read by a reset."""
+    from dreamgym.envs.real import tasks_at_start
+    from dreamgym.envs.scienceworld.env import started_backend
+
+    out_dir = Path(out_dir)
+    offered: set[str] = set()
+    unused: dict[str, list[int]] = {}  # each task type's variations after the project's, in order
+
+    def orders(seeds: Sequence[Task]) -> list[tuple[Task, str, list[int]]]:
+        kinds = {task_type(origin.task_id) for origin in seeds} - {None} - set(unused)
+        if kinds:
+            backend = started_backend()
+            try:
+                for kind in sorted(kinds):
+                    order = variations(backend, kind, "train")
+                    random.Random(f"{seed}-{kind}-train").shuffle(order)  # as `write_tasks` took the first
+                    unused[kind] = order[first:]
+            finally:
+                backend.close()
+        return [(origin, kind, unused[kind]) for origin in seeds if (kind := task_type(origin.task_id))]
+
+    def candidates(seeds: Sequence[Task]) -> Iterator[tuple[Task, str, int]]:
+        chosen, seen = orders(seeds), set()
+        for turn in itertools.count():
+            row = [(origin, kind, order[turn]) for origin, kind, order in chosen if turn < len(order)]
+            if not row:
+                return
+            for origin, kind, variation in row:
+                if (kind, variation) not in seen and f"sw-{kind}-v{variation}" not in offered:
+                    seen.add((kind, variation))
+                    yield origin, kind, variation
+
+    def write(seeds: Sequence[Task], count: int) -> Iterator[Task]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pending = candidates(seeds)
+        while batch := list(itertools.islice(pending, max(count, 1))):
+            paths = [out_dir / f"sw-{kind}-v{variation}{SUFFIX}" for _, kind, variation in batch]
+            if missing := [(item, path) for item, path in zip(batch, paths) if not path.is_file()]:
+                backend = started_backend()
+                try:
+                    for (_, kind, variation), path in missing:
+                        _write_spec(backend, kind, variation, path)
+                finally:
+                    backend.close()
+            for (origin, _, _), path, start in zip(batch, paths, tasks_at_start(paths), strict=True):
+                offered.add(path.stem)  # when read: one made but not read is offered again
+                yield dataclasses.replace(start, task_id=origin.task_id)
+
+    return write
