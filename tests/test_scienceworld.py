@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dreamgym.curriculum import check_variation, state_verbs
+from dreamgym.data.schema import episodes
 from dreamgym.envs.base import GameFileError
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.real import tasks_at_start
@@ -26,7 +27,6 @@ from dreamgym.envs.scienceworld.observation import (
     resolved_action,
 )
 from dreamgym.envs.scienceworld.tasks import load_task, unseen_variation_writer, write_tasks
-from dreamgym.policy.bc import episodes
 from dreamgym.state import parse_state
 
 KITCHEN = """This room is called the kitchen. In it, you see:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,14 @@ def content_hash(record: Mapping[str, Any]) -> str:
 def trajectory_id(*parts: object) -> str:
     """A deterministic trajectory id from what defines the episode (task, policy, seed, index)."""
     return hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).hexdigest()[:20]
+
+
+def episodes(rows: Iterable[Mapping]) -> list[list[Mapping]]:
+    """Transitions grouped by trajectory, each in step order, trajectories sorted by id."""
+    by_trajectory: dict[str, list[Mapping]] = defaultdict(list)
+    for row in rows:
+        by_trajectory[row["trajectory_id"]].append(row)
+    return [sorted(steps, key=lambda row: row["step"]) for _, steps in sorted(by_trajectory.items())]
 
 
 def to_table(records: Iterable[Mapping[str, Any]], metadata: Mapping[str, Any] | None = None) -> pa.Table:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from dreamgym.data.schema import episodes as by_episode
 from dreamgym.envs.dynamics import Dynamics, Prediction, Query, Step
 from dreamgym.state import AbstractState, item_name, parse_state
 
@@ -59,13 +60,6 @@ def foreseeable(query: Query, real_next: AbstractState) -> bool:
 def real_done(row: dict) -> bool:
     """The environment ended the episode (a time limit is not part of the dynamics)."""
     return bool(row["terminated"])
-
-
-def _episodes(rows: Sequence[dict]) -> list[list[dict]]:
-    by_trajectory: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        by_trajectory[row["trajectory_id"]].append(row)
-    return [sorted(steps, key=lambda row: row["step"]) for _, steps in sorted(by_trajectory.items())]
 
 
 def _step(row: dict, state: AbstractState) -> Step:
@@ -111,7 +105,7 @@ def _batches(items: list, size: int):
 def single_step(model: Dynamics, rows: Sequence[dict], batch_size: int = 32, progress: bool = False) -> list[dict]:
     """Per-transition records for every real transition, from the real state and history."""
     jobs = []
-    for episode in _episodes(rows):
+    for episode in by_episode(rows):
         history: list[Step] = []
         earlier: list[tuple[AbstractState, str]] = []
         for row in episode:
@@ -147,7 +141,7 @@ def open_loop(
 
     All episodes advance together, one batched prediction per step.
     """
-    episodes = [episode[:horizon] for episode in _episodes(rows)]
+    episodes = [episode[:horizon] for episode in by_episode(rows)]
     states = [parse_state(episode[0]["state"]) for episode in episodes]
     histories: list[list[Step]] = [[] for _ in episodes]
     earlier: list[list[tuple[AbstractState, str]]] = [[] for _ in episodes]

@@ -53,14 +53,13 @@ import hashlib
 import json
 import random
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from dreamgym.data.schema import MISTAKE_POLICY
+from dreamgym.data.schema import MISTAKE_POLICY, episodes
 from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import FROM_SCRATCH, deterministic_kernels, init_model, load_pretrained, train_tokenizer
@@ -72,14 +71,6 @@ from dreamgym.policy.view import policy_input
 
 # Log about 100 loss points per run.
 LOG_POINTS = 100
-
-
-def episodes(rows: Iterable[Mapping]) -> list[list[Mapping]]:
-    """Transitions grouped by trajectory, each in step order, trajectories sorted by id."""
-    by_trajectory: dict[str, list[Mapping]] = defaultdict(list)
-    for row in rows:
-        by_trajectory[row["trajectory_id"]].append(row)
-    return [sorted(steps, key=lambda row: row["step"]) for _, steps in sorted(by_trajectory.items())]
 
 
 def won(episode: Sequence[Mapping]) -> bool:
