@@ -83,6 +83,7 @@ def test_table_and_plot(tmp_path):
         "reward_accuracy": 0.9,
         "done_accuracy": 1.0,
         "parse_failure_rate": 0.05,
+        "transitions": 200,
         "foreseeable_fraction": 0.75,
         "foreseeable": {"next_state_exact_match": 0.6},
         "field_f1": {"location": 1.0, "visible": 0.8, "inventory": 0.9, "actions": 0.7},
@@ -93,10 +94,10 @@ def test_table_and_plot(tmp_path):
     assert rows[0]["open_loop_exact_at_last_step"] == 0.25 and rows[1]["open_loop_exact_at_last_step"] is None
     assert rows[0]["f1_actions"] == 0.7 and rows[0]["foreseeable_exact_match"] == 0.6
     table = markdown(rows).splitlines()
-    assert table[0] == "**data/games/test** (75.0% of its transitions foreseeable)"
+    assert table[0] == "**data/games/test** (200 transitions, 75.0% foreseeable)"
     assert table[4] == f"| {FULL} | 50.0% | 60.0% | 90.0% | 100.0% | 5.0% | 25.0% |"
     assert table[5].endswith("| - |")
-    assert table[7] == "**shifted** (50.0% of its transitions foreseeable)"
+    assert table[7] == "**shifted** (200 transitions, 50.0% foreseeable)"
     assert plot(rows, tmp_path / "ablation.png").stat().st_size > 1000
 
 

@@ -98,6 +98,7 @@ def ablation_rows(results: dict[str, dict], slice_name: str = "held-out") -> lis
         foreseen = fidelity.get("foreseeable") or {}
         row["foreseeable_exact_match"] = foreseen.get("next_state_exact_match")
         row["foreseeable_fraction"] = fidelity.get("foreseeable_fraction")
+        row["transitions"] = fidelity.get("transitions")
         row |= {f"f1_{field}": value for field, value in fidelity["field_f1"].items()}
         last = fidelity["multi_step"][-1] if fidelity["multi_step"] else None
         row["open_loop_exact_at_last_step"] = last["exact_match"] if last else None
@@ -115,8 +116,9 @@ def markdown(rows: list[dict]) -> str:
     lines: list[str] = []
     for slice_name in dict.fromkeys(row["slice"] for row in rows):
         of_slice = [row for row in rows if row["slice"] == slice_name]
-        foreseen = of_slice[0].get("foreseeable_fraction")
-        lines += ["", f"**{slice_name}** ({_percent(foreseen)} of its transitions foreseeable)", ""]
+        first = of_slice[0]
+        count = f"{first['transitions']} transitions" if first.get("transitions") else "transitions"
+        lines += ["", f"**{slice_name}** ({count}, {_percent(first.get('foreseeable_fraction'))} foreseeable)", ""]
         lines += [header, "|---" * (len(COLUMNS) + 2) + "|"]
         for row in of_slice:
             cells = [_percent(row[key]) for key, _ in COLUMNS] + [_percent(row["open_loop_exact_at_last_step"])]
@@ -127,7 +129,7 @@ def markdown(rows: list[dict]) -> str:
 def plot(rows: list[dict], path: Path) -> Path:
     """Next-state exact match by variant (all transitions, and the foreseeable ones), a panel per slice."""
     slices = list(dict.fromkeys(row["slice"] for row in rows))
-    figure, axes = new_figure(6 * len(slices), 0.35 * len(rows) / len(slices) + 1.5, columns=len(slices))
+    figure, axes = new_figure(5.5 * len(slices) + 1, 0.35 * len(rows) / len(slices) + 1.5, columns=len(slices))
     for axis, slice_name in zip(axes if len(slices) > 1 else [axes], slices, strict=True):
         of_slice = [row for row in rows if row["slice"] == slice_name][::-1]
         names = [row["variant"] for row in of_slice]
@@ -141,5 +143,6 @@ def plot(rows: list[dict], path: Path) -> Path:
         )
         axis.set_yticks(list(places), names, fontsize=8)
         axis.set(xlim=(0, 1), xlabel="next state exact match", title=slice_name)
-        axis.legend(fontsize=8)
+    handles, labels = (axes[0] if len(slices) > 1 else axes).get_legend_handles_labels()
+    figure.legend(handles, labels, loc="upper right", fontsize=8, title="transitions")
     return save_figure(figure, path)
