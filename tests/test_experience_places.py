@@ -128,6 +128,7 @@ def test_the_memory_is_a_layer_over_the_copy_that_stands_for_no_lm_as_over_the_l
     copier = NeighbourCopy(config, buffer_db, encoder, 100, affordances=affordances)
     layered = copier.dynamics()
     assert isinstance(layered, RememberedPlaces) and layered.history == copier.history
+    assert copier.dynamics() is layered  # one object: DreamEnvs that step together share their model
     queries = queries_of(walks, config.history)
     places = [remembered(query, affordances) for query in queries]
     moves_back = [i for i, place in enumerate(places) if place is not None]

@@ -161,6 +161,7 @@ class ExperienceModel(DraftDecoding):
         self.model = model.eval() if model is not None else None  # None: a remote model
         self.tokenizer, self.config = tokenizer, config
         self.database, self.encoder, self.ef_search, self.seed = database, encoder, ef_search, seed
+        self._dynamics: Dynamics | None = None  # this model with its rule layers (`dynamics`)
         if tokenizer is not None:
             self.tokenizer.padding_side = "left"  # batched generation continues every prompt at its end
             self.tokenizer.truncation_side = "left"  # the state and action sit at the prompt's end
@@ -372,10 +373,12 @@ class ExperienceModel(DraftDecoding):
     def dynamics(self) -> Dynamics:
         """This model with its rule layers over it, as DreamEnv and the fidelity evaluation use
         it: the memory of places (experience.remember_places, places.py) where it is on and the
-        model shows its examples with learnt actions."""
-        if self.config.remember_places and self.affordances is not None:
-            return RememberedPlaces(self, self.affordances)
-        return self
+        model shows its examples with learnt actions. The same object at every call: DreamEnvs
+        that step together must share one model."""
+        if self._dynamics is None:
+            layered = self.config.remember_places and self.affordances is not None
+            self._dynamics = RememberedPlaces(self, self.affordances) if layered else self
+        return self._dynamics
 
     @property
     def history(self) -> int:
