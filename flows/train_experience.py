@@ -260,8 +260,8 @@ def ablate_experience(
         held_out = ingested.same_test_games_dir or ingested.test_games_dir  # as train_experience measures
         rows = []
         for games in [held_out, *slices]:
-            name = "fidelity_real.parquet" if games == held_out else f"fidelity_real-{_slice_key(games)}.parquet"
-            real = real_transitions_task(games, str(out_dir / name), config)
+            file_name = "fidelity_real.parquet" if games == held_out else f"fidelity_real-{_slice_key(games)}.parquet"
+            real = real_transitions_task(games, str(out_dir / file_name), config)
             results = {
                 name: variant_fidelity(name, row, models[row.model_of], real, project) for name, row in rows_of.items()
             }

@@ -245,8 +245,9 @@ def dream_rl_task(
             database = stack.enter_context(open_migrated(run_dir, config.buffer))
         game_writer = variation_game_writer(Path(out_dir) / "variation-games", config)
         curriculum = dream_curriculum(seeds, experience, config, game_writer)
-        recalling = RecallingDynamics(experience.dynamics(), rows) if config.rl.recall_real else None
-        dynamics = recalling or experience.dynamics()
+        layered = experience.dynamics()  # the model with its rule layers
+        recalling = RecallingDynamics(layered, rows) if config.rl.recall_real else None
+        dynamics = recalling or layered
 
         def make_env(slot: int) -> DreamEnv:
             return DreamEnv(

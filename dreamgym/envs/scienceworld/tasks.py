@@ -39,7 +39,12 @@ class TaskSpec:
 
     @property
     def name(self) -> str:
-        return f"sw-{self.task}-v{self.variation}"
+        return task_name(self.task, self.variation)
+
+
+def task_name(task: str, variation: int) -> str:
+    """A task's id and its file's stem: 'sw-find-animal-v12'."""
+    return f"sw-{task}-v{variation}"
 
 
 def task_type(task_id: str) -> str | None:
@@ -78,6 +83,14 @@ def variations(backend, task: str, split: str) -> list[int]:
     )
 
 
+def ordered_variations(backend, task: str, split: str, seed: int) -> list[int]:
+    """`task`'s `split` variations in the order `seed` shuffles them: the project takes its
+    training tasks, then the ones RL practises, then the curriculum's, from the front."""
+    order = variations(backend, task, split)
+    random.Random(f"{seed}-{task}-{split}").shuffle(order)
+    return order
+
+
 def _write_spec(backend, task: str, variation: int, path: Path) -> None:
     backend.load(task, variation, SIMPLIFICATION)
     spec = TaskSpec(task, variation, SIMPLIFICATION, " ".join(backend.get_task_description().split()))
@@ -103,15 +116,14 @@ def write_tasks(
         for task in task_types:
             if task not in known:
                 raise GameFileError(f"ScienceWorld has no task type {task!r}; choose from {', '.join(sorted(known))}")
-            pool = variations(backend, task, split)
+            pool = ordered_variations(backend, task, split, seed)
             if first + per_type > len(pool):
                 raise GameFileError(
                     f"{task} has {len(pool)} {split} variations, fewer than the {first + per_type} asked "
                     f"(first {first} + {per_type}); ask for fewer"
                 )
-            random.Random(f"{seed}-{task}-{split}").shuffle(pool)
             for variation in sorted(pool[first : first + per_type]):
-                path = out_dir / f"sw-{task}-v{variation}{SUFFIX}"
+                path = out_dir / f"{task_name(task, variation)}{SUFFIX}"
                 if not path.is_file():
                     _write_spec(backend, task, variation, path)
                 paths.append(path)
@@ -142,9 +154,7 @@ def unseen_variation_writer(out_dir: str | Path, seed: int, first: int) -> Write
             backend = started_backend()
             try:
                 for kind in sorted(kinds):
-                    order = variations(backend, kind, "train")
-                    random.Random(f"{seed}-{kind}-train").shuffle(order)  # as `write_tasks` took the first
-                    unused[kind] = order[first:]
+                    unused[kind] = ordered_variations(backend, kind, "train", seed)[first:]
             finally:
                 backend.close()
         return [(origin, kind, unused[kind]) for origin in seeds if (kind := task_type(origin.task_id))]
@@ -156,7 +166,7 @@ def unseen_variation_writer(out_dir: str | Path, seed: int, first: int) -> Write
             if not row:
                 return
             for origin, kind, variation in row:
-                if (kind, variation) not in seen and f"sw-{kind}-v{variation}" not in offered:
+                if (kind, variation) not in seen and task_name(kind, variation) not in offered:
                     seen.add((kind, variation))
                     yield origin, kind, variation
 
@@ -164,7 +174,7 @@ def unseen_variation_writer(out_dir: str | Path, seed: int, first: int) -> Write
         out_dir.mkdir(parents=True, exist_ok=True)
         pending = candidates(seeds)
         while batch := list(itertools.islice(pending, max(count, 1))):
-            paths = [out_dir / f"sw-{kind}-v{variation}{SUFFIX}" for _, kind, variation in batch]
+            paths = [out_dir / f"{task_name(kind, variation)}{SUFFIX}" for _, kind, variation in batch]
             if missing := [(item, path) for item, path in zip(batch, paths) if not path.is_file()]:
                 backend = started_backend()
                 try:
