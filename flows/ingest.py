@@ -253,6 +253,17 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
                 str(games_dir / "train"), "train", config.games.train_count, config.seed, config.games
             )
             target = target_settings(config.games)
+            if config.games.target_train_count:
+                # A few of the target's games, after the task games: without them BC and the
+                # experience model never see a third ingredient (results log, 2026-12-05).
+                train_games += generate_games_task(
+                    str(games_dir / "train"),
+                    "train",
+                    config.games.target_train_count,
+                    config.seed,
+                    target,
+                    first=config.games.train_count + config.games.task_count,
+                )
             test_games = generate_games_task(str(test_games_dir), "test", config.games.test_count, config.seed, target)
             if config.games.target != "same":
                 same_test_games_dir = games_dir / "test"

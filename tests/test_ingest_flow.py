@@ -1,6 +1,7 @@
 """The ingest flow end to end: real games, real collection, GX validation, DVC, MLflow, Prefect."""
 
 import dataclasses
+import itertools
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dreamgym.config import load_config
+from dreamgym.data.schema import read_transitions
 from dreamgym.data.versioning import read_version
+from dreamgym.envs.textworld.games import HEADROOM, spec_of
 from dreamgym.errors import DreamgymError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +22,7 @@ TINY = {
     "games.train_count": 3,
     "games.test_count": 1,
     "games.task_count": 1,
+    "games.target_train_count": 1,
     "collect.episodes_per_game": 3,
     "env.max_steps": 30,
 }
@@ -62,9 +66,13 @@ def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_serv
     first = ingest(config, str(project))
     version = read_version(project)
     assert first.data_md5 == version.md5 and first.data_changed
-    assert (first.train_games, first.test_games, first.task_games) == (3, 1, 1)
+    # the 3 training games and 1 of the headroom preset (games.target_train_count), made after the task game
+    assert (first.train_games, first.test_games, first.task_games) == (3 + 1, 1, 1)
     # 3 behaviour-policy episodes and 1 with a mistake (collect.mistake_episodes) per game
-    assert first.collection.trajectories == 3 * (3 + 1) and not first.collection.reused
+    assert first.collection.trajectories == 4 * (3 + 1) and not first.collection.reused
+    played = {spec_of(name) for name in read_transitions(first.collection.path).column("task_id").to_pylist()}
+    [hard] = [spec for spec in played if spec.seed == 3 + 1]  # game 4: after the training games and the task game
+    assert (hard.recipe, hard.take, hard.go) in itertools.product(*HEADROOM.values())
     assert 0.0 < first.collection.success_rate <= 1.0
     assert first.validation.passed and first.validation.quarantined_rows == 0
     transitions = first.collection.transitions

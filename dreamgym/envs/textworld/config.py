@@ -57,6 +57,17 @@ class GamesConfig:
             lt=GAME_SEED_STRIDE,
         ),
     ] = 80
+    target_train_count: Annotated[
+        int,
+        described(
+            "Training-split games of the target preset (games.target: headroom) whose trajectories join the "
+            "offline data, beside the train_count games of the settings above: the few hard games that real "
+            "interaction with the target tasks gives (with target 'same': more games of the training settings). "
+            "Made after the task games, so never one RL practises. 0: none.",
+            ge=0,
+            lt=GAME_SEED_STRIDE,
+        ),
+    ] = 12
     workers: Annotated[int, described("Games compiled in parallel.", ge=1)] = 2
     target: Annotated[
         Literal["same", "headroom"],
@@ -64,15 +75,17 @@ class GamesConfig:
             "The tasks RL practises and the held-out games the gate measures: 'same' settings as the "
             "training games above; 'headroom' the named preset of harder games, recipes of 2-3 with 2-3 "
             "ingredients to find in 6 or 9 rooms (dreamgym.envs.textworld.games.HEADROOM), which BC, trained "
-            "on the easier games, mostly loses. With 'headroom' RL practises the preset's task games only, and the "
-            "held-out games of the training settings are still played, beside."
+            "mostly on the easier games (and target_train_count of these), mostly loses. With 'headroom' RL "
+            "practises the preset's task games only, and the held-out games of the training settings are "
+            "still played, beside."
         ),
     ] = "headroom"
 
     def __post_init__(self) -> None:
-        if self.train_count + self.task_count > GAME_SEED_STRIDE:
+        total = self.train_count + self.task_count + self.target_train_count
+        if total > GAME_SEED_STRIDE:
             raise ValueError(
-                f"train_count + task_count is {self.train_count + self.task_count}, above the "
+                f"train_count + task_count + target_train_count is {total}, above the "
                 f"{GAME_SEED_STRIDE} games a seed has: lower task_count"
             )
         for value in self.recipe:
