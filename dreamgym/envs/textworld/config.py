@@ -40,7 +40,7 @@ class GamesConfig:
     open: Annotated[bool, described("Containers and doors must be opened.")] = True
     cook: Annotated[bool, described("Some ingredients must be cooked.")] = True
     cut: Annotated[bool, described("Some ingredients must be cut.")] = True
-    train_count: Annotated[int, described("Training games (--split train).", ge=1, lt=GAME_SEED_STRIDE)] = 40
+    train_count: Annotated[int, described("Training games (--split train).", ge=1, lt=GAME_SEED_STRIDE)] = 32
     test_count: Annotated[
         int,
         described(
@@ -67,7 +67,7 @@ class GamesConfig:
             ge=0,
             lt=GAME_SEED_STRIDE,
         ),
-    ] = 12
+    ] = 8
     workers: Annotated[int, described("Games compiled in parallel.", ge=1)] = 2
     target: Annotated[
         Literal["same", "headroom"],
