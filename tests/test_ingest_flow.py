@@ -22,10 +22,14 @@ TINY = {
     "games.train_count": 3,
     "games.test_count": 1,
     "games.task_count": 1,
-    "games.target_train_count": 1,
+    # A headroom game's episodes run to env.max_steps, the tiny games' to ~10 steps: with one, the
+    # flows' tests would train on far more data and the suite outrun its 15 minutes (944 s). The
+    # ingest test makes one (HARD_GAME).
+    "games.target_train_count": 0,
     "collect.episodes_per_game": 3,
     "env.max_steps": 30,
 }
+HARD_GAME = {"games.target_train_count": 1}
 
 
 def make_project(root: Path, train_games: list[Path], test_games: list[Path], task_games: list[Path]) -> Path:
@@ -59,7 +63,7 @@ def _runs(experiment: str):
 def test_ingest_logs_lineage_and_a_rerun_reuses_everything(project, prefect_server, mlflow_tracking):
     from flows.ingest import ingest
 
-    config = load_config(ROOT / "params.yaml", TINY)
+    config = load_config(ROOT / "params.yaml", {**TINY, **HARD_GAME})
     games = sorted((project / "data" / "games").rglob("*.z8"))
     mtimes = {game: game.stat().st_mtime_ns for game in games}
 
