@@ -255,7 +255,7 @@ def ingest(config: PipelineConfig, project_dir: str = ".") -> IngestResult:
             target = target_settings(config.games)
             if config.games.target_train_count:
                 # A few of the target's games, after the task games: without them BC and the
-                # experience model never see a third ingredient (results log, 2026-12-05).
+                # experience model never see a third ingredient (results log, 2026-12-05, night, last).
                 train_games += generate_games_task(
                     str(games_dir / "train"),
                     "train",

@@ -86,7 +86,7 @@ class GamesConfig:
         if total > GAME_SEED_STRIDE:
             raise ValueError(
                 f"train_count + task_count + target_train_count is {total}, above the "
-                f"{GAME_SEED_STRIDE} games a seed has: lower task_count"
+                f"{GAME_SEED_STRIDE} games a seed has: lower task_count or target_train_count"
             )
         for value in self.recipe:
             if not 1 <= value <= 5:
