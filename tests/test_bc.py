@@ -86,6 +86,13 @@ def test_mistake_episodes_are_not_cloned(rows):
     )
 
 
+def task_and_rest(prompt: str) -> tuple[str, str]:
+    """A policy prompt's task line, and its other lines."""
+    lines = prompt.split("\n")
+    [task] = [line for line in lines if line.startswith("task: ")]
+    return task, "\n".join(line for line in lines if line != task)
+
+
 def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_verb(rows, monkeypatch):
     """Counterfactual tasks: the same prompt but for one verb of the recipe. Changed on the
     ingredient the step prepares, the label is the action the new verb asks for; changed on the
@@ -101,7 +108,7 @@ def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_ver
     assert added and len(examples) == len(as_asked) + len(added)
     by_rest = {}
     for e in as_asked:
-        by_rest.setdefault(e["prompt"].split("\n", 1)[1], []).append(e)
+        by_rest.setdefault(task_and_rest(e["prompt"])[1], []).append(e)
     verbs = {"slice", "chop", "dice", "fry", "roast", "grill"}
 
     def changed_words(a: str, b: str) -> list[tuple[int, str, str]]:
@@ -109,7 +116,7 @@ def test_a_step_that_carries_out_a_direction_is_shown_again_under_each_other_ver
 
     relabelled, kept_label = 0, 0
     for e in added:
-        task, rest = e["prompt"].split("\n", 1)
+        task, rest = task_and_rest(e["prompt"])
         twin = next(o for o in by_rest[rest] if len(changed_words(o["prompt"], e["prompt"])) == 1)
         [(at, old, new)] = changed_words(twin["prompt"], e["prompt"])
         assert {old, new} <= verbs and f"{new} the" in task and twin["candidates"] == e["candidates"]
