@@ -349,6 +349,21 @@ def test_a_policy_saved_before_the_domain_named_its_task_objects_keeps_its_promp
     assert load_policy(path, dataclasses.replace(CONFIG, domain="textworld-cooking")).config.domain == "none"
 
 
+def test_a_policy_saved_before_the_task_came_last_keeps_its_prompt(model, tokenizer, tmp_path):
+    observation = Observation("open the wooden door in the hall", ("take brass key",), HALL)
+    path = make_policy(model, tokenizer).save(tmp_path / "policy")
+    assert load_policy(path).view(observation).prompt.endswith("\ntask: open the wooden door in the hall\nnext action:")
+    settings = json.loads((path / SETTINGS_FILE).read_text())
+    del settings["task_last"]  # as policies trained before 2026-12-05 (late) were saved
+    (path / SETTINGS_FILE).write_text(json.dumps(settings))
+    old = load_policy(path, CONFIG)
+    assert not old.config.task_last
+    assert old.view(observation).prompt == policy_prompt(
+        "open the wooden door in the hall", ["take brass key"], HALL, list_actions=False, task_last=False
+    )
+    assert old.view(observation).prompt.startswith("task: open the wooden door in the hall\nrecent actions:")
+
+
 def test_save_without_value_head_loads_without_one(model, tokenizer, tmp_path):
     path = make_policy(model, tokenizer).save(tmp_path / "plain")
     assert not (path / VALUE_HEAD_FILE).exists()

@@ -117,6 +117,7 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
                     list_actions=config.mode == "generate",
                     past_states=states if config.avoid_repeats else None,
                     task_objects=domain.task_objects(instruction),
+                    task_last=config.task_last,
                 )
                 if action in view.actions:
                     examples.append(

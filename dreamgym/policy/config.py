@@ -54,6 +54,16 @@ class PolicyConfig:
             part="prompt",
         ),
     ] = True
+    task_last: Annotated[
+        bool,
+        described(
+            "Give the task at the end of the prompt, next to the actions read against it (a small "
+            "policy finds the recipe's clause for an object at a fixed distance back, whatever the state "
+            "lists); false: the task first, the layout of policies saved before 2026-12-05 "
+            "(dreamgym/policy/view.py).",
+            part="prompt",
+        ),
+    ] = True
     domain: Annotated[
         Literal["textworld-cooking", "none"],
         described(

@@ -1,4 +1,4 @@
-"""The agent: a causal LM that reads task, recent actions and state, and picks an action.
+"""The agent: a causal LM that reads recent actions, state and task, and picks an action.
 
 The prompt and the texts of the candidate actions are made in one place, `dreamgym.policy.view`
 (with placeholders on, game-specific objects are renamed `obj1`, `other1`, ... there). An action
@@ -135,6 +135,7 @@ class Policy(nn.Module):
             list_actions=self.config.mode == "generate",
             past_states=observation.past_states if self.config.avoid_repeats else None,
             task_objects=self.domain.task_objects(observation.instruction),
+            task_last=self.config.task_last,
         )
 
     @property
@@ -410,6 +411,7 @@ def load_policy(path: str | Path, config: PolicyConfig | None = None, train: boo
     values.setdefault("placeholders", False)  # saved before placeholders existed: real names
     values.setdefault("avoid_repeats", False)  # saved before it existed: trained on every candidate
     values.setdefault("domain", "none")  # saved before the domain named the task's objects in the prompt
+    values.setdefault("task_last", False)  # saved before the prompt gave the task last
     settings = dataclasses.replace(config or PolicyConfig(), **values)
     kept = None
     if settings.placeholders:

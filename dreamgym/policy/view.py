@@ -48,7 +48,9 @@ TASK_OBJECT = "obj{}"
 OTHER_OBJECT = "other{}"
 
 
-def policy_prompt(instruction: str, recent_actions: Sequence[str], state: str, list_actions: bool = True) -> str:
+def policy_prompt(
+    instruction: str, recent_actions: Sequence[str], state: str, list_actions: bool = True, task_last: bool = True
+) -> str:
     """The prompt for choosing the next action:
 
         recent actions: <a1> | <a2>          ("none" at the start of an episode)
@@ -65,6 +67,7 @@ def policy_prompt(instruction: str, recent_actions: Sequence[str], state: str, l
     2-layer policy read the wrong clause: three more foods in the fridge turned `roast the obj1`
     into `cook obj1 with stove` (p 0.998 against 0.003), and BC won 38 of 100 headroom games
     where the same data, task last, won 49 (measured: results log, 2026-12-05, late night).
+    `task_last=False` is that older layout, for the policies trained on it (`policy.task_last`).
 
     A policy that scores every available action (mode choice) does not need them listed: each is
     read as a candidate completion, and the list would be half the prompt's tokens.
@@ -72,6 +75,8 @@ def policy_prompt(instruction: str, recent_actions: Sequence[str], state: str, l
     recent = " | ".join(recent_actions) if recent_actions else "none"
     if not list_actions:
         state = "\n".join(line for line in state.split("\n") if not line.startswith("actions:"))
+    if not task_last:
+        return f"task: {instruction}\nrecent actions: {recent}\n{state}\n{PROMPT_END}"
     return f"recent actions: {recent}\n{state}\ntask: {instruction}\n{PROMPT_END}"
 
 
@@ -129,6 +134,7 @@ def policy_input(
     list_actions: bool = True,
     past_states: Sequence[str] | None = None,
     task_objects: Sequence[str] = (),
+    task_last: bool = True,
 ) -> PolicyInput:
     """The prompt and candidates of one decision: the last `history` actions taken, and with
     `kept` (placeholders on) every game-specific object renamed, the objects the task asks for
@@ -140,10 +146,16 @@ def policy_input(
     if past_states is not None:
         actions = least_tried(actions, state, past_states, recent_actions)
     if kept is None:
-        return PolicyInput(policy_prompt(instruction, recent, state, list_actions), tuple(actions), tuple(actions), {})
+        return PolicyInput(
+            policy_prompt(instruction, recent, state, list_actions, task_last), tuple(actions), tuple(actions), {}
+        )
     mapping = object_placeholders(kept, instruction, state, task_objects)
     renamer = Renamer(mapping)
     prompt = policy_prompt(
-        renamer.text(instruction), [renamer.text(action) for action in recent], renamer.state(state), list_actions
+        renamer.text(instruction),
+        [renamer.text(action) for action in recent],
+        renamer.state(state),
+        list_actions,
+        task_last,
     )
     return PolicyInput(prompt, tuple(renamer.text(action) for action in actions), tuple(actions), mapping)
