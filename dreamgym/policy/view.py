@@ -75,9 +75,8 @@ def policy_prompt(
     recent = " | ".join(recent_actions) if recent_actions else "none"
     if not list_actions:
         state = "\n".join(line for line in state.split("\n") if not line.startswith("actions:"))
-    if not task_last:
-        return f"task: {instruction}\nrecent actions: {recent}\n{state}\n{PROMPT_END}"
-    return f"recent actions: {recent}\n{state}\ntask: {instruction}\n{PROMPT_END}"
+    task, context = f"task: {instruction}", f"recent actions: {recent}\n{state}"
+    return "\n".join((context, task, PROMPT_END) if task_last else (task, context, PROMPT_END))
 
 
 def object_placeholders(
