@@ -486,6 +486,21 @@ def test_an_action_already_taken_from_the_same_state_is_no_candidate_again(model
         assert ("go north" in decision.candidates) is not avoid
 
 
+def test_a_denied_action_is_no_candidate_while_another_is_available(model, tokenizer):
+    """RL's rollouts deny the moves another rollout of the group lost by from the same state."""
+    assert policy_input("x", [], KITCHEN, 2, None, denied={"eat apple"}).candidates == ("go north", "take apple")
+    # all denied: nothing would be left to play, so every action stays
+    everything = ("eat apple", "go north", "take apple")
+    assert policy_input("x", [], KITCHEN, 2, None, denied=set(everything)).candidates == everything
+    # with placeholders the denied real action leaves out its renamed candidate
+    view = policy_input(RECIPE, [], PANTRY, 2, KEPT, denied={"take purple potato from shelf"})
+    assert "take purple potato from shelf" not in view.actions and len(view.candidates) == len(view.actions)
+    [decision] = make_policy(model, tokenizer).act(
+        [Observation("eat the apple", (), KITCHEN, (), denied=frozenset({"eat apple", "take apple"}))], greedy=True
+    )
+    assert decision.candidates == ("go north",) and decision.action == "go north"
+
+
 # --- behaviour cloning examples -----------------------------------------------------------------
 
 

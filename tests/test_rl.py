@@ -21,7 +21,7 @@ from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import load_policy
 from dreamgym.rl.config import CurriculumConfig, RLConfig
 from dreamgym.rl.loop import train_rl
-from dreamgym.rl.rollout import play
+from dreamgym.rl.rollout import play, play_groups
 
 # One room, one ingredient to take, nothing to cook or cut: take it, prepare meal, eat meal, with
 # ~20 other actions available. Seed 3 gives a game whose noisy-expert episodes all win.
@@ -109,6 +109,35 @@ def real_run(game: Path, start: Path, out: Path, config: RLConfig = TINY_RL, **k
         progress=False,
         **kwargs,
     )
+
+
+def test_a_groups_later_rollouts_are_denied_the_moves_its_earlier_ones_lost_by(warm_start, tmp_path):
+    """In one-room games that need cooking, the warm start greedily loses some (it eats an
+    ingredient, or cooks one the recipe leaves raw). Greedy rollouts side by side all lose alike;
+    in waves, the second is denied the move the first lost by, and wins: a group that now differs."""
+    plans = plan_games(dataclasses.replace(ONE_ROOM, cook=True, train_count=8), "train", 8, seed=3)
+    games, _ = generate_games([plans[i] for i in (3, 5, 6)], tmp_path, workers=1, progress=False)
+    policy = load_policy(warm_start)
+
+    def rollouts(game: Path, deny: bool) -> list:
+        return play_groups(
+            policy,
+            lambda count: [TextWorldEnv(MAX_STEPS) for _ in range(count)],
+            [load_task(game)],
+            4,
+            deny_lost_moves=deny,
+            greedy=True,
+        )
+
+    for game in games:
+        side_by_side, waves = rollouts(game, deny=False), rollouts(game, deny=True)
+        assert all(episode.lost for episode in side_by_side)
+        first, second = waves[0], waves[1]
+        assert first.lost and first.decisions == side_by_side[0].decisions
+        lost_by = (first.states[-1], first.decisions[-1].action)
+        assert lost_by[0] in second.states
+        assert lost_by not in list(zip(second.states, (decision.action for decision in second.decisions)))
+        assert second.won, game.name
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])

@@ -72,12 +72,14 @@ def action_completion(action: str) -> str:
 class Observation:
     """What the policy sees at one decision: the task, the episode's actions so far, the abstract
     state; and the state each of those actions was taken from (None: not known, so
-    `policy.avoid_repeats` cannot leave out what was tried here)."""
+    `policy.avoid_repeats` cannot leave out what was tried here); and the actions denied here
+    (RL's rollouts: those another rollout of the group lost by from this state)."""
 
     instruction: str
     recent_actions: tuple[str, ...]
     state: str
     past_states: tuple[str, ...] | None = None
+    denied: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class Policy(nn.Module):
             past_states=observation.past_states if self.config.avoid_repeats else None,
             task_objects=self.domain.task_objects(observation.instruction),
             task_last=self.config.task_last,
+            denied=observation.denied,
         )
 
     @property

@@ -36,7 +36,7 @@ for acting alike, so that the two can never drift apart.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from dreamgym.placeholders import carried_names, shown_names
@@ -134,14 +134,19 @@ def policy_input(
     past_states: Sequence[str] | None = None,
     task_objects: Sequence[str] = (),
     task_last: bool = True,
+    denied: Collection[str] = (),
 ) -> PolicyInput:
     """The prompt and candidates of one decision: the last `history` actions taken, and with
     `kept` (placeholders on) every game-specific object renamed, the objects the task asks for
     (`task_objects`, real names in the task's order) first. With `past_states` (the
     state each of `recent_actions` was taken from: `avoid_repeats` on) the candidates are the
-    actions taken least often from `state` (module docstring)."""
+    actions taken least often from `state` (module docstring). `denied` actions are left out of
+    the candidates while any other is available (RL's rollouts: moves that lost from this state,
+    `dreamgym.rl.rollout.play_groups`)."""
     recent = list(recent_actions[-history:]) if history else []
     actions = parse_state(state).actions or ("look",)
+    if denied:
+        actions = tuple(action for action in actions if action not in denied) or actions
     if past_states is not None:
         actions = least_tried(actions, state, past_states, recent_actions)
     if kept is None:

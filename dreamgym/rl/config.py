@@ -38,6 +38,14 @@ class RLConfig:
     ] = "score"
     epochs: Annotated[int, described("RL epochs; each draws curriculum.tasks_per_epoch tasks.", ge=0)] = 6
     group_size: Annotated[int, described("Rollouts per task and epoch (GRPO's G; PPO plays as many).", ge=1)] = 4
+    deny_lost_moves: Annotated[
+        bool,
+        described(
+            "Play a task's rollouts one after another, each denied the moves by which the earlier ones "
+            "lost from the same state (dreamgym/rl/rollout.py): a policy sure of a losing move repeats "
+            "it in every rollout, and its group teaches GRPO nothing. false: the rollouts play side by side."
+        ),
+    ] = False
     max_steps: Annotated[
         int,
         described(

@@ -49,7 +49,7 @@ from dreamgym.rl.config import RLConfig
 from dreamgym.rl.grpo import GRPO
 from dreamgym.rl.monitor import RealCheck, gap_metrics, gap_warning
 from dreamgym.rl.ppo import PPO
-from dreamgym.rl.rollout import Episode, RealBudget, play
+from dreamgym.rl.rollout import Episode, RealBudget, play_groups
 
 logger = logging.getLogger("dreamgym.rl")
 
@@ -301,6 +301,13 @@ def _train_rl(
         optimizer.load_state_dict(torch.load(checkpoints[-1] / "optimizer.pt"))
 
     envs: list[Env] = []
+
+    def slot_envs(count: int) -> list[Env]:
+        """The first `count` rollout slots' environments (built once, reused every epoch)."""
+        while len(envs) < count:
+            envs.append(make_env(len(envs)))
+        return envs[:count]
+
     first_epoch = 0 if resumed_from is None else resumed_from + 1
     with tqdm(
         total=config.epochs, initial=first_epoch, desc=config.algorithm, unit="epoch", disable=not progress
@@ -311,15 +318,13 @@ def _train_rl(
                 break
             epoch_started = time.perf_counter()
             tasks: list[Task] = curriculum.draw(epoch)
-            slots = [task for task in tasks for _ in range(config.group_size)]
-            while len(envs) < len(slots):
-                envs.append(make_env(len(envs)))
-            generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
-            episodes = play(
+            episodes = play_groups(
                 policy,
-                envs[: len(slots)],
-                slots,
-                generator=generator,
+                slot_envs,
+                tasks,
+                config.group_size,
+                deny_lost_moves=config.deny_lost_moves,
+                generator=torch.Generator().manual_seed(seed * 100_003 + epoch),
                 temperature=config.temperature,
                 budget=budget,
                 with_values=algorithm.uses_values,

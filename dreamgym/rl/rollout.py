@@ -5,11 +5,19 @@ in one batched pass, and the environments step (DreamEnvs that share an experien
 batched model call, `step_together`). Real transitions are counted against a `RealBudget`; when it
 runs out, the episodes still running are cut (`Episode.cut`) and left out of learning, since
 their outcome is unknown.
+
+`play_groups` plays the G rollouts of each task; with `deny_lost_moves` it plays them one wave
+after another, and a move that lost a game (the last action of an episode the game ended without
+a win) is denied to the later rollouts of that task when they reach the same state. The games are
+deterministic, so that move from that state can only lose again; and a policy that loses a game
+is sure of the move that loses it (p ~0.99 at the losing step of the headroom games BC lost,
+measured: results log, 2026-12-05, late night), so sampled rollouts repeat it, every rollout of the
+group ends alike, and GRPO learns nothing there. Denying it makes the group try the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +25,9 @@ import torch
 from dreamgym.envs.base import Env, Task
 from dreamgym.envs.dream_env import DreamEnv, step_together
 from dreamgym.policy.model import Decision, Observation, Policy
+
+# state -> the actions by which a rollout lost from it
+LostMoves = dict[str, set[str]]
 
 
 @dataclass
@@ -43,6 +54,7 @@ class Episode:
 
     task: Task
     decisions: list[Decision] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)  # the state each decision was taken from
     rewards: list[float] = field(default_factory=list)  # the environment's step rewards
     model_failures: list[bool] = field(default_factory=list)  # DreamEnv steps whose prediction failed
     won: bool = False
@@ -96,17 +108,21 @@ def play(
     temperature: float = 1.0,
     budget: RealBudget | None = None,
     with_values: bool = False,
+    lost_moves: Sequence[LostMoves] | None = None,
 ) -> list[Episode]:
-    """Play `tasks[i]` in `envs[i]` until every episode ends (or the budget cuts it)."""
+    """Play `tasks[i]` in `envs[i]` until every episode ends (or the budget cuts it). With
+    `lost_moves`, slot i is denied the actions `lost_moves[i]` holds for its state, and adds the
+    move it loses by, if it loses (slots of one task may share one)."""
     if len(envs) != len(tasks):
         raise ValueError(f"{len(envs)} environments for {len(tasks)} tasks")
+    if lost_moves is not None and len(lost_moves) != len(tasks):
+        raise ValueError(f"{len(lost_moves)} sets of lost moves for {len(tasks)} tasks")
     episodes, states = [], []
     for env, task in zip(envs, tasks):
         state, _ = env.reset(task)
         episodes.append(Episode(task, real=not isinstance(env, DreamEnv)))
         states.append(state)
     actions_taken: list[list[str]] = [[] for _ in tasks]
-    states_left: list[list[str]] = [[] for _ in tasks]  # the state each action was taken from
     while True:
         running = [i for i, episode in enumerate(episodes) if not episode.done]
         if not running:
@@ -119,7 +135,13 @@ def play(
         if not running:
             return episodes
         observations = [
-            Observation(tasks[i].instruction, tuple(actions_taken[i]), states[i], tuple(states_left[i]))
+            Observation(
+                tasks[i].instruction,
+                tuple(actions_taken[i]),
+                states[i],
+                tuple(episodes[i].states),
+                frozenset(lost_moves[i].get(states[i], ())) if lost_moves is not None else frozenset(),
+            )
             for i in running
         ]
         decisions = policy.act(
@@ -129,11 +151,35 @@ def play(
         for i, decision, (state, reward, terminated, truncated, info) in zip(running, decisions, results):
             episode = episodes[i]
             episode.decisions.append(decision)
+            episode.states.append(states[i])
             episode.rewards.append(float(reward))
             episode.model_failures.append(bool(info.get("model_failure")))
             episode.terminated, episode.truncated, episode.won = terminated, truncated, bool(info["won"])
             actions_taken[i].append(decision.action)
-            states_left[i].append(states[i])
             states[i] = state
             if terminated or truncated:
                 episode.final_state = state
+            if episode.lost and lost_moves is not None:
+                lost_moves[i].setdefault(episode.states[-1], set()).add(decision.action)
+
+
+def play_groups(
+    policy: Policy,
+    make_envs: Callable[[int], Sequence[Env]],
+    tasks: Sequence[Task],
+    group_size: int,
+    *,
+    deny_lost_moves: bool = False,
+    **play_options,
+) -> list[Episode]:
+    """`group_size` rollouts of every task: side by side (`make_envs(n)` gives n environments), or
+    with `deny_lost_moves` in waves of one rollout per task, each denied the moves by which the
+    task's earlier rollouts lost (module docstring). `play_options` go to `play`."""
+    if not deny_lost_moves:
+        slots = [task for task in tasks for _ in range(group_size)]
+        return play(policy, make_envs(len(slots)), slots, **play_options)
+    lost: list[LostMoves] = [{} for _ in tasks]
+    episodes: list[Episode] = []
+    for _ in range(group_size):
+        episodes += play(policy, make_envs(len(tasks)), tasks, lost_moves=lost, **play_options)
+    return episodes
