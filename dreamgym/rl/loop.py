@@ -1,9 +1,9 @@
 """The RL epoch loop shared by GRPO and PPO, in any environment that passes `check_env`.
 
 Each epoch: the curriculum draws tasks; every task is played by `group_size` rollouts side by
-side; the curriculum records their outcomes; the algorithm turns episodes into samples
-(advantages); `update_epochs` shuffled passes of minibatch gradient steps follow. Then metrics,
-and a checkpoint.
+side (with `deny_lost_moves`, in waves: `rollout.play_groups`); the curriculum records their
+outcomes; the algorithm turns episodes into samples (advantages); `update_epochs` shuffled passes
+of minibatch gradient steps follow. Then metrics, and a checkpoint.
 
 A run lives in one output directory:
 
