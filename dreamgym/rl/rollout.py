@@ -65,6 +65,11 @@ class Episode:
     real: bool = True
 
     @property
+    def actions(self) -> tuple[str, ...]:
+        """The actions played, in order (`states[i]` is the state `actions[i]` was taken from)."""
+        return tuple(decision.action for decision in self.decisions)
+
+    @property
     def steps(self) -> int:
         return len(self.decisions)
 
@@ -122,7 +127,6 @@ def play(
         state, _ = env.reset(task)
         episodes.append(Episode(task, real=not isinstance(env, DreamEnv)))
         states.append(state)
-    actions_taken: list[list[str]] = [[] for _ in tasks]
     while True:
         running = [i for i, episode in enumerate(episodes) if not episode.done]
         if not running:
@@ -137,7 +141,7 @@ def play(
         observations = [
             Observation(
                 tasks[i].instruction,
-                tuple(actions_taken[i]),
+                episodes[i].actions,
                 states[i],
                 tuple(episodes[i].states),
                 frozenset(lost_moves[i].get(states[i], ())) if lost_moves is not None else frozenset(),
@@ -155,7 +159,6 @@ def play(
             episode.rewards.append(float(reward))
             episode.model_failures.append(bool(info.get("model_failure")))
             episode.terminated, episode.truncated, episode.won = terminated, truncated, bool(info["won"])
-            actions_taken[i].append(decision.action)
             states[i] = state
             if terminated or truncated:
                 episode.final_state = state
