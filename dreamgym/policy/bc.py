@@ -67,7 +67,7 @@ from dreamgym.lm.sft import RESULT_FILE, TrainResult, claim_run_directory, train
 from dreamgym.placeholders import kept_names
 from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Policy, action_completion, save_settings
-from dreamgym.policy.view import policy_input
+from dreamgym.policy.view import configured_input
 
 # Log about 100 loss points per run.
 LOG_POINTS = 100
@@ -108,17 +108,7 @@ def bc_examples(rows: Iterable[Mapping], config: PolicyConfig, kept: frozenset[s
             label = row["expert_action"] if relabel else row["action"]
             tasks = ((row["instruction"], label), *domain.task_variants(row["instruction"], label))
             for instruction, action in tasks:
-                view = policy_input(
-                    instruction,
-                    actions,
-                    row["state"],
-                    config.history,
-                    kept,
-                    list_actions=config.mode == "generate",
-                    past_states=states if config.avoid_repeats else None,
-                    task_objects=domain.task_objects(instruction),
-                    task_last=config.task_last,
-                )
+                view = configured_input(config, domain, kept, instruction, actions, row["state"], states)
                 if action in view.actions:
                     examples.append(
                         {

@@ -41,7 +41,7 @@ from dreamgym.domain import named_domain
 from dreamgym.errors import DreamgymError
 from dreamgym.lm.model import ModelNotFoundError, device_and_dtype, load_pretrained, save_model
 from dreamgym.policy.config import PolicyConfig
-from dreamgym.policy.view import PolicyInput, policy_input
+from dreamgym.policy.view import PolicyInput, configured_input
 from dreamgym.sections import config_part
 
 SETTINGS_FILE = "policy.json"
@@ -128,17 +128,15 @@ class Policy(nn.Module):
 
     def view(self, observation: Observation) -> PolicyInput:
         """The prompt and candidate texts of one observation, as behaviour cloning made them."""
-        return policy_input(
+        return configured_input(
+            self.config,
+            self.domain,
+            self.kept_names,
             observation.instruction,
             observation.recent_actions,
             observation.state,
-            self.config.history,
-            self.kept_names,
-            list_actions=self.config.mode == "generate",
-            past_states=observation.past_states if self.config.avoid_repeats else None,
-            task_objects=self.domain.task_objects(observation.instruction),
-            task_last=self.config.task_last,
-            denied=observation.denied,
+            observation.past_states,
+            observation.denied,
         )
 
     @property

@@ -39,7 +39,9 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from dreamgym.domain import Domain
 from dreamgym.placeholders import carried_names, shown_names
+from dreamgym.policy.config import PolicyConfig
 from dreamgym.renaming import Renamer
 from dreamgym.state import parse_state
 
@@ -163,3 +165,30 @@ def policy_input(
         task_last,
     )
     return PolicyInput(prompt, tuple(renamer.text(action) for action in actions), tuple(actions), mapping)
+
+
+def configured_input(
+    config: PolicyConfig,
+    domain: Domain,
+    kept: frozenset[str] | None,
+    instruction: str,
+    recent_actions: Sequence[str],
+    state: str,
+    past_states: Sequence[str] | None,
+    denied: Collection[str] = (),
+) -> PolicyInput:
+    """`policy_input` under a policy's prompt settings (`config`, its `domain`'s task objects): the
+    one place behaviour cloning's examples and acting read those settings, so that a new one
+    cannot reach the one and miss the other."""
+    return policy_input(
+        instruction,
+        recent_actions,
+        state,
+        config.history,
+        kept,
+        list_actions=config.mode == "generate",
+        past_states=past_states if config.avoid_repeats else None,
+        task_objects=domain.task_objects(instruction),
+        task_last=config.task_last,
+        denied=denied,
+    )
