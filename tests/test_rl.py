@@ -33,8 +33,8 @@ TINY_POLICY = PolicyConfig(
     vocab_size=400, hidden_size=64, layers=2, heads=2, max_length=512, epochs=1, batch_size=8, learning_rate=1e-3
 )
 MAX_STEPS = 10
-# Small groups, a high learning rate and a cooler softmax than BC's 1 (at 1 this warm start wins
-# ~6% of its episodes, and PPO's 8 first rollouts often none): learns the game in a few epochs.
+# A high learning rate and a cooler softmax than BC's 1 (at 1 this warm start seldom wins, and a
+# first group of 8 rollouts can all lose, which teaches nothing): learns the game in a few epochs.
 # The outcome as reward: PPO's value head learns this game from it in 8 epochs, but not from the score
 # (the default; 0.375 -> 0.344 sampled success, 2026-12-02: not looked into yet).
 TINY_RL = RLConfig(
