@@ -126,7 +126,7 @@ def episode_record(game: Path, episode_index: int, episode: Episode) -> dict:
         "truncated": episode.truncated,
         "return": episode.episode_return("score"),
         "steps": episode.steps,
-        "actions": ACTION_SEPARATOR.join(decision.action for decision in episode.decisions),
+        "actions": ACTION_SEPARATOR.join(episode.actions),
     }
 
 

@@ -55,10 +55,7 @@ class PPO:
         if not truncated:
             return {}
         observations = [
-            Observation(
-                episodes[i].task.instruction, tuple(d.action for d in episodes[i].decisions), episodes[i].final_state
-            )
-            for i in truncated
+            Observation(episodes[i].task.instruction, episodes[i].actions, episodes[i].final_state) for i in truncated
         ]
         decisions = policy.act(observations, greedy=True, with_values=True)
         return {i: decision.value for i, decision in zip(truncated, decisions)}
