@@ -23,7 +23,7 @@ os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.envs.textworld.config import GamesConfig
-from dreamgym.envs.textworld.games import generate_games, plan_games
+from dreamgym.envs.textworld.games import generate_games, plan_games, target_folder, target_settings
 from dreamgym.experience.config import ExperienceConfig
 
 
@@ -126,6 +126,26 @@ def test_games(tmp_path_factory) -> list[Path]:
     with made_once(tmp_path_factory, "test-games") as folder:
         paths, _ = generate_games(specs, folder, workers=2, progress=False)
     return paths
+
+
+@pytest.fixture(scope="session")
+def project_games(train_games, test_games, task_games, tmp_path_factory) -> dict[str, list[Path]]:
+    """A tiny project's games by folder of data/games: the three above, and the held-out and task
+    games of the target preset (`games.target`), made once: each project's pipeline would otherwise
+    make them again with tw-make (5-10 s a game, ~10 projects in the suite)."""
+    target = target_settings(TINY_GAMES)
+    planned = {
+        target_folder("test", TINY_GAMES): plan_games(target, "test", TINY_GAMES.test_count, seed=0),
+        target_folder("tasks", TINY_GAMES): plan_games(
+            target, "train", TINY_GAMES.task_count, seed=0, first=TINY_GAMES.train_count
+        ),
+    }
+    games = {"train": train_games, "test": test_games, "tasks": task_games}
+    for folder_name, specs in planned.items():
+        if folder_name not in games:  # with games.target 'same' the target's games are those above
+            with made_once(tmp_path_factory, f"{folder_name}-games") as folder:
+                games[folder_name], _ = generate_games(specs, folder, workers=2, progress=False)
+    return games
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,10 @@ BUDGET = 40
 
 
 @pytest.mark.long
-def test_bench_rows_come_from_real_runs(tmp_path, train_games, test_games, task_games, prefect_server, mlflow_tracking):
+def test_bench_rows_come_from_real_runs(tmp_path, project_games, prefect_server, mlflow_tracking):
     from flows.bench import bench
 
-    project = make_project(tmp_path / "project", train_games, test_games, task_games)
+    project = make_project(tmp_path / "project", project_games)
     out = tmp_path / "bench" / "bench.json"
 
     def run(rows, held_out=1):

@@ -32,27 +32,27 @@ TINY = {
 HARD_GAME = {"games.target_train_count": 1}
 
 
-def make_project(root: Path, train_games: list[Path], test_games: list[Path], task_games: list[Path]) -> Path:
+def make_project(root: Path, games: dict[str, list[Path]]) -> Path:
     """A project checkout (its parameter file, DVC stages and the code they depend on) with the
-    session's games already in place (same seed and settings)."""
+    session's games already in place (`project_games`: same seed and settings)."""
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, root / name)
     for package in ("dreamgym", "flows"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    for split, games in (("train", train_games), ("test", test_games), ("tasks", task_games)):
-        target = root / "data" / "games" / split
+    for folder, paths in games.items():
+        target = root / "data" / "games" / folder
         target.mkdir(parents=True)
-        for game in games:
+        for game in paths:
             for suffix in (".z8", ".json", ".ni"):
                 shutil.copy(game.with_suffix(suffix), target)
     return root
 
 
 @pytest.fixture
-def project(tmp_path, train_games, test_games, task_games) -> Path:
-    return make_project(tmp_path, train_games, test_games, task_games)
+def project(tmp_path, project_games) -> Path:
+    return make_project(tmp_path, project_games)
 
 
 def _runs(experiment: str):

@@ -21,8 +21,8 @@ OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 
 
 @pytest.fixture
-def project(tmp_path, train_games, test_games, task_games) -> Path:
-    return make_project(tmp_path, train_games, test_games, task_games)
+def project(tmp_path, project_games) -> Path:
+    return make_project(tmp_path, project_games)
 
 
 def _task_states(since: datetime.datetime) -> dict[str, set[str]]:
@@ -210,7 +210,7 @@ def _timeless(keys: set[str]) -> set[str]:
 
 @pytest.mark.long
 def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
-    tmp_path, train_games, test_games, task_games, prefect_server, mlflow_tracking
+    tmp_path, project_games, prefect_server, mlflow_tracking
 ):
     """Killed during RL then started again: no duplicated rows or versions, and the same metrics
     as an uninterrupted run of the same seed in another project (CPU runs are reproducible)."""
@@ -222,7 +222,7 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
 
     from flows.pipeline import pipeline
 
-    killed = make_project(tmp_path / "killed", train_games, test_games, task_games)
+    killed = make_project(tmp_path / "killed", project_games)
     params = write_params(killed, KILLABLE)
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     process = subprocess.Popen(
@@ -271,7 +271,7 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
     assert process.pid not in users and all(_alive(pid) for pid in users), users
 
     # The same seed in a fresh project, uninterrupted: the same figures everywhere.
-    fresh = make_project(tmp_path / "fresh", train_games, test_games, task_games)
+    fresh = make_project(tmp_path / "fresh", project_games)
     uninterrupted = pipeline(str(write_params(fresh, KILLABLE)))
     first, second = (client.get_run(result.mlflow_run_id).data.metrics for result in (resumed, uninterrupted))
     assert first == second and "eval_dreamgym_success_rate" in first
@@ -284,9 +284,7 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
     assert resumed.policy.evaluations[-1]["success_rate"] == uninterrupted.policy.evaluations[-1]["success_rate"]
 
 
-def test_two_runs_started_at_once_on_one_checkout_end_as_one(
-    tmp_path, train_games, test_games, task_games, prefect_server
-):
+def test_two_runs_started_at_once_on_one_checkout_end_as_one(tmp_path, project_games, prefect_server):
     """Two `dreamgym run --until ingest` at the same moment on one checkout (a cron and a user):
     both succeed, every collected transition is in the buffer once, and no embedded server
     outlives them."""
@@ -299,7 +297,7 @@ def test_two_runs_started_at_once_on_one_checkout_end_as_one(
     from dreamgym.config import load_config
     from dreamgym.data.schema import read_transitions
 
-    project = make_project(tmp_path / "twice", train_games, test_games, task_games)
+    project = make_project(tmp_path / "twice", project_games)
     params = write_params(project, TINY)
     env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "MLFLOW_TRACKING_URI")}
     env["PREFECT_API_URL"] = PREFECT_API_URL.value()

@@ -39,10 +39,10 @@ def _write_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def _checkout(root: Path, train_games, test_games, task_games) -> Path:
+def _checkout(root: Path, project_games: dict[str, list[Path]]) -> Path:
     """A teammate's checkout: the code (and the buffer's schema, which a worker reads from the
     checkout it runs) with the session's games in place."""
-    project = make_project(root, train_games, test_games, task_games)
+    project = make_project(root, project_games)
     shutil.copy(ROOT / "prefect.yaml", project / "prefect.yaml")
     shutil.copytree(ROOT / "sql", project / "sql")
     return project
@@ -58,7 +58,7 @@ def _write_overrides(params: Path, overrides: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def team(tmp_path_factory, train_games, test_games, task_games):
+def team(tmp_path_factory, project_games):
     """The stack up on free ports, with a Ray head and a worker serving checkout A; torn down afterwards."""
     from dreamgym.ops.stack.processes import Stack
     from dreamgym.ops.stack.settings import load_settings
@@ -66,7 +66,7 @@ def team(tmp_path_factory, train_games, test_games, task_games):
     root = tmp_path_factory.mktemp("team")
     env_file = root / "team.env"
     values = _write_env_file(env_file)
-    checkout = _checkout(root / "checkout-a", train_games, test_games, task_games)
+    checkout = _checkout(root / "checkout-a", project_games)
     stack = Stack(root / "stack", load_settings(env_file), checkout, with_ray=True, ray_cpus=2)
     try:
         stack.up()
@@ -118,7 +118,7 @@ def _logs_tail(stack, chars: int = 3000) -> str:
 
 @pytest.mark.long
 def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares_its_registry(
-    team, train_games, test_games, task_games, tmp_path
+    team, project_games, tmp_path
 ):
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -254,7 +254,7 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     # version 4; the gate measures it against the champion the team chose (version 2, approved by
     # hand as an operator does with `mlflow` aliases), not against BC, and does not crown its BC.
     client.set_registered_model_alias("dreamgym-policy", "champion", "2")
-    other = _checkout(tmp_path / "checkout-b", train_games, test_games, task_games)
+    other = _checkout(tmp_path / "checkout-b", project_games)
     _write_overrides(other / "params.yaml", OVERRIDES)
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dreamgym"), "run"],
@@ -364,3 +364,13 @@ def test_stack_settings_refuse_what_would_break_the_stack(tmp_path):
     env_file.write_text("\n".join(f"{k}={v}" for k, v in values.items() if k != "PREFECT_DB_PASSWORD") + "\n")
     with pytest.raises(StackConfigError, match="PREFECT_DB_PASSWORD is not set"):
         load_settings(env_file)
+
+
+def test_up_starts_every_service_once_after_those_it_needs():
+    """`Stack.up` starts a wave's services together: each service is in one wave, after the
+    services it talks to at start (the database for the servers, the Prefect server for the worker)."""
+    from dreamgym.ops.stack.services import MLFLOW, ORDER, POSTGRES, PREFECT_SERVER, PREFECT_WORKER, START_WAVES
+
+    wave = {name: index for index, names in enumerate(START_WAVES) for name in names}
+    assert sorted(wave) == sorted(ORDER) and sum(map(len, START_WAVES)) == len(ORDER)
+    assert wave[POSTGRES] < wave[MLFLOW] and wave[POSTGRES] < wave[PREFECT_SERVER] < wave[PREFECT_WORKER]

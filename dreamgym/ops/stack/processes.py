@@ -9,9 +9,10 @@ Everything lives under one folder (`--dir`, .dreamgym/stack by default):
     mlflow-artifacts/     the artifacts MLflow serves
     prefect-server/, prefect-worker/   their Prefect homes
 
-Each service runs in its own session, so it outlives the command that started it; `down` stops
-them in reverse order. A service counts as up when its health check answers, and a start that does
-not get there says which service failed and shows the end of its log.
+Each service runs in its own session, so it outlives the command that started it; `up` starts the
+servers that need only the database together, and `down` stops them in reverse order. A service
+counts as up when its health check answers, and a start that does not get there says which
+service failed and shows the end of its log.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dreamgym.ops.stack.services import (
     PREFECT_WORKER,
     RAY,
     RAY_TOKEN_FILE,
+    START_WAVES,
     Service,
     client_env,
     prefect_api_url,
@@ -178,21 +180,32 @@ class Stack:
 
     # -- start and stop --------------------------------------------------------------------------
     def up(self, progress: Callable[[str], None] = lambda _: None) -> Path:
-        """Start every service not running, in order; write and return client.env."""
+        """Start every service not running, a wave at a time (`START_WAVES`: the services of a
+        wave start together once the wave before is healthy); write and return client.env."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.with_ray:
             self._ensure_ray_token()
         env_file = self.write_client_env()
-        for name in self.services:
-            started = self.start(name)
-            progress(f"{name}: {'started' if started else 'already running'}")
+        for wave in START_WAVES:
+            launched = {name: self._launch(name) for name in wave if name in self.services}
+            for name, child in launched.items():
+                if child is not None:
+                    self._until_ready(name, child)
+                progress(f"{name}: {'started' if child is not None else 'already running'}")
         return env_file
 
     def start(self, name: str) -> bool:
         """Start one service unless it runs; wait until it is healthy. Return whether it was started."""
+        child = self._launch(name)
+        if child is not None:
+            self._until_ready(name, child)
+        return child is not None
+
+    def _launch(self, name: str) -> subprocess.Popen | None:
+        """The service's process, started unless one runs (None), not yet waited for."""
         service = self.services[name]
         if self.pid(name) is not None:
-            return False
+            return None
         user = None
         if name == POSTGRES:
             postgres.init_data_dir(self.dir / "postgres", self.settings)
@@ -212,10 +225,12 @@ class Stack:
             )
         self._children[name] = child
         self._save_state({**self._state(), name: child.pid})
-        self._wait_ready(service, child)
+        return child
+
+    def _until_ready(self, name: str, child: subprocess.Popen) -> None:
+        self._wait_ready(self.services[name], child)
         if name == POSTGRES:
             postgres.bootstrap(self.settings)
-        return True
 
     def _wait_ready(self, service: Service, child: subprocess.Popen) -> None:
         deadline = time.monotonic() + service.ready_seconds

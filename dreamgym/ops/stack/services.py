@@ -26,6 +26,9 @@ PREFECT_SERVER = "prefect-server"
 PREFECT_WORKER = "prefect-worker"
 RAY = "ray"
 ORDER = (POSTGRES, MLFLOW, PREFECT_SERVER, PREFECT_WORKER, RAY)  # start order; stop is the reverse
+# `up` starts a wave's services together once the wave before is healthy: MLflow and the Prefect
+# server need only the database, the Ray head nothing, the worker its server.
+START_WAVES = ((POSTGRES,), (MLFLOW, PREFECT_SERVER, RAY), (PREFECT_WORKER,))
 _ALL_INTERFACES = ("0.0.0.0", "::")  # a bind address, not one a client can dial
 
 # The pipeline's database role and its database (infra/postgres/init.sh creates both).
