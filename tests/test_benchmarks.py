@@ -125,6 +125,16 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
         assert replayed["sets"]["held-out"][key] == live["model"][key], key
     assert replayed["throughput"]["transitions_per_s"]["1"] > 0
 
+    # The LM-only scaling table's row: the LM trained on the project's data (here made to write every
+    # change) and no model, measured on the same transitions.
+    scaling = run_benchmark(
+        "experience_scaling.py", "--params", str(params), "--out", str(tmp / "scaling"), "--real", str(held_out),
+        "experience.epochs=0.5", "experience.copy_examples=false", **at,
+    )  # fmt: skip
+    assert scaling["steps"] > 0 and scaling["examples"] >= scaling["transitions"] > 0
+    measured = scaling[str(held_out)]
+    assert measured["lm"]["transitions"] == measured["no_model"]["transitions"] > 0
+
     rl = run_benchmark(
         "real_rl_settings.py",
         *("--params", str(params), "--start", str(bc_policy), "--out", str(tmp / "rl")),
