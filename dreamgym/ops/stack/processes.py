@@ -47,7 +47,6 @@ from dreamgym.ops.stack.settings import StackSettings
 
 STATE_FILE = "stack.json"
 CLIENT_ENV = "client.env"
-STOP_SECONDS = 30.0
 
 
 class StackError(DreamgymError):
@@ -261,7 +260,7 @@ class Stack:
             os.kill(pid, getattr(signal, service.stop_signal))
         else:
             os.killpg(pid, getattr(signal, service.stop_signal))
-        deadline = time.monotonic() + STOP_SECONDS
+        deadline = time.monotonic() + service.stop_seconds
         while self.pid(name) is not None and time.monotonic() < deadline:
             time.sleep(0.2)
         if self.pid(name) is not None:

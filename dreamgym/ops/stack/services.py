@@ -49,6 +49,7 @@ class Service:
     # The signal goes to the leader alone when it stops its own processes: signalled all at once,
     # they race its orderly shutdown (a Ray head then hangs until the stop's SIGKILL, 30 s later).
     stops_its_processes: bool = False
+    stop_seconds: float = 30.0  # how long a stop waits for an orderly exit before SIGKILL
 
 
 def _bin(name: str) -> str:
@@ -202,6 +203,10 @@ def stack_services(
                 # prefect.yaml's pull step changes into this checkout before each run.
                 "DREAMGYM_PROJECT_DIR": str(project_dir.resolve()),
             },
+            # After a flow run, Prefect 3.8's worker sometimes logs the SIGINT it forwards itself
+            # and never exits (the team stack test's teardown waited the full 30 s): it holds no
+            # state, and a flow run of its own is cut short on SIGINT anyway.
+            stop_seconds=10.0,
         ),
     ]
     if with_ray:
