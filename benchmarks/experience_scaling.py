@@ -1,7 +1,7 @@
 """The LM's share of the experience model against training data, steps and size (issue 71's table).
 
 Trains the experience model LM only (retrieval, no rule layer) on the validated transitions of the
-project of `--params` (its buffer holds them), with `--set` overrides (steps through
+project of `--params` (its buffer holds them), with KEY=VALUE overrides (steps through
 `experience.epochs`, size through `experience.hidden_size`/`layers`, `experience.copy_examples=false`
 to make it write every change rather than name a worked example), and measures on sets of real
 transitions its fidelity and that of no model (the top example's change copied, the same
@@ -23,19 +23,15 @@ from pathlib import Path
 
 from common import machine
 
-from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import load_config
 from dreamgym.data.schema import read_transitions
 from dreamgym.envs.real import task_setting
 from dreamgym.experience import ablation
-from dreamgym.experience.annotate import make_annotator
-from dreamgym.experience.examples import build_examples
 from dreamgym.experience.generate import save_settings
 from dreamgym.experience.report import measure_fidelity
-from dreamgym.experience.variations import variation_examples
+from dreamgym.experience.variations import training_examples
 from dreamgym.lm.sft import train_sft
-from dreamgym.placeholders import kept_names
 
 NO_RULES = {f"experience.{key}": value for key, value in ablation.NO_RULES.items()}  # the "LM only" row's
 
@@ -52,18 +48,8 @@ if __name__ == "__main__":
     project = args.params.resolve().parent
     run_dir = project / config.paths.run_dir
     rows = read_transitions(project / config.paths.outputs_dir / "validation/validated.parquet").to_pylist()
-    kept = kept_names(rows)
     with open_migrated(run_dir, config.buffer) as database:
-        examples = build_examples(
-            database,
-            Encoder(config.buffer.encoder),
-            rows,
-            config.experience,
-            config.buffer.ef_search,
-            annotate=make_annotator(config.experience),
-            kept=kept,
-        )
-    examples += variation_examples(rows, config.experience.variations_per_task)
+        made = training_examples(database, rows, config)
     report: dict = {
         "machine": machine(),
         "settings": settings,
@@ -72,13 +58,17 @@ if __name__ == "__main__":
     }
     started = time.perf_counter()
     result = train_sft(
-        [{"prompt": e.prompt, "completion": e.completion} for e in examples],
+        [{"prompt": e.prompt, "completion": e.completion} for e in made.examples],
         config.experience,
         args.out,
         seed=config.seed,
     )
-    report |= {"examples": len(examples), "train_seconds": round(time.perf_counter() - started), "steps": result.steps}
-    save_settings(result.model_dir, config.experience, kept)
+    report |= {
+        "examples": len(made.examples),
+        "train_seconds": round(time.perf_counter() - started),
+        "steps": result.steps,
+    }
+    save_settings(result.model_dir, config.experience, made.kept)
     for real in args.real:
         report[str(real)] = {}
         for name, copy in (("lm", False), ("no_model", True)):

@@ -23,28 +23,24 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.tasks import exponential_backoff
 
-from dreamgym.buffer.embeddings import Encoder
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import PipelineConfig, load_config
 from dreamgym.data.collect import collect_held_out, held_out_collection
 from dreamgym.data.schema import read_transitions
-from dreamgym.domain import named_domain
 from dreamgym.envs.real import task_setting
 from dreamgym.experience.ablation import FULL, Variant, ablation_rows, markdown, plot, trained, variants
-from dreamgym.experience.affordances import AFFORDANCES_FILE, learnt_from_rows, saved_beside
-from dreamgym.experience.annotate import make_annotator
+from dreamgym.experience.affordances import AFFORDANCES_FILE, saved_beside
 from dreamgym.experience.config import ExperienceConfig
-from dreamgym.experience.examples import build_examples, load_examples, load_kept_names, save_examples
+from dreamgym.experience.examples import load_examples, load_kept_names, save_examples
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import save_settings
 from dreamgym.experience.report import measure_fidelity
 from dreamgym.experience.rerank import RANKING_VERSION
-from dreamgym.experience.variations import variation_examples
+from dreamgym.experience.variations import training_examples
 from dreamgym.lm.sft import TrainResult, plot_losses, train_sft
 from dreamgym.ops.fanout import collect_in_pieces
 from dreamgym.ops.registry import register_model_dir
 from dreamgym.ops.tracking import stage_run
-from dreamgym.placeholders import kept_names
 from dreamgym.sections import config_part
 from flows.caching import Stages, stage_key
 from flows.compute import fanout
@@ -110,27 +106,12 @@ def examples_task(validated: str, data_md5: str, out_dir: str, run_dir: str, con
         get_run_logger().info("examples reused: %s", path)
         return str(path)
     rows = read_transitions(validated).to_pylist()
-    encoder = Encoder(config.buffer.encoder) if config.experience.neighbours else None
-    kept = kept_names(rows) if config.experience.placeholders else None
-    domain = named_domain(config.experience.domain)
-    affordances = learnt_from_rows(rows, kept, domain) if config.experience.adapts_examples else None
     with open_migrated(run_dir, config.buffer) as database:
-        examples = build_examples(
-            database,
-            encoder,
-            rows,
-            config.experience,
-            config.buffer.ef_search,
-            annotate=make_annotator(config.experience),  # state-diff, or an OpenAI-compatible endpoint
-            progress=True,
-            kept=kept,
-            affordances=affordances,
-        )
-    examples += variation_examples(rows, config.experience.variations_per_task)
-    if affordances is not None:  # before the examples, whose file says the step is done
-        affordances.save(saved_beside(path))
-    save_examples(examples, path, kept=kept)
-    get_run_logger().info("%d examples built: %s", len(examples), path)
+        made = training_examples(database, rows, config, progress=True)
+    if made.affordances is not None:  # before the examples, whose file says the step is done
+        made.affordances.save(saved_beside(path))
+    save_examples(made.examples, path, kept=made.kept)
+    get_run_logger().info("%d examples built: %s", len(made.examples), path)
     return str(path)
 
 

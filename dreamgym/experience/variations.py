@@ -28,15 +28,22 @@ import itertools
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from dreamgym.buffer.db import Database
+from dreamgym.buffer.embeddings import Encoder
 from dreamgym.config import PipelineConfig
 from dreamgym.curriculum import Curriculum, WriteVariations, domain_variation_writer, variation_id
+from dreamgym.domain import named_domain
 from dreamgym.envs.base import Task
 from dreamgym.errors import DreamgymError
-from dreamgym.experience.examples import Example
+from dreamgym.experience.affordances import Affordances, learnt_from_rows
+from dreamgym.experience.annotate import make_annotator
+from dreamgym.experience.examples import Example, build_examples
 from dreamgym.experience.generate import CACHE
+from dreamgym.placeholders import kept_names
 from dreamgym.renaming import (
     Renamer,
     invented_names,
@@ -105,6 +112,42 @@ def variation_examples(rows: Sequence[Mapping], per_task: int) -> list[Example]:
             for target in targets
         ]
     return examples
+
+
+@dataclass(frozen=True)
+class TrainingExamples:
+    """The experience model's supervised examples and what they were made with, which the model is
+    saved with: the names kept as they are (None: no placeholders) and the learnt actions (None:
+    `experience.learnt_actions` off)."""
+
+    examples: list[Example]
+    kept: frozenset[str] | None
+    affordances: Affordances | None
+
+
+def training_examples(
+    database: Database | None, rows: Sequence[Mapping], config: PipelineConfig, progress: bool = False
+) -> TrainingExamples:
+    """One example per transition of `rows` (its worked examples retrieved from `database`), then the
+    variations objective's: what the pipeline's experience stage trains on."""
+    experience = config.experience
+    encoder = Encoder(config.buffer.encoder) if experience.neighbours else None
+    kept = kept_names(rows) if experience.placeholders else None
+    domain = named_domain(experience.domain)
+    affordances = learnt_from_rows(rows, kept, domain) if experience.adapts_examples else None
+    examples = build_examples(
+        database,
+        encoder,
+        rows,
+        experience,
+        config.buffer.ef_search,
+        annotate=make_annotator(experience),  # state-diff, or an OpenAI-compatible endpoint
+        progress=progress,
+        kept=kept,
+        affordances=affordances,
+    )
+    examples += variation_examples(rows, experience.variations_per_task)
+    return TrainingExamples(examples, kept, affordances)
 
 
 def seed_tasks(rows: Sequence[Mapping]) -> list[Task]:
