@@ -82,64 +82,112 @@ def test_real_env_benchmark_generates_plays_and_collects(tmp_path):
     assert all(value > 0 for value in medians.values())
 
 
+# One Python for a project's benchmarks: each is run as `python benchmarks/<script>` runs it (as
+# __main__, its own stdout), but torch and the library are imported once, not six times (~30 s of
+# the suite on 2 cores).
+_ONE_PROCESS = """
+import contextlib, io, json, runpy, sys, traceback
+benchmarks, runs = sys.argv[1], json.loads(sys.argv[2])
+sys.path[0] = benchmarks  # as `python benchmarks/<script>` sets it: not the working directory
+printed = []
+for script, args in runs:
+    sys.argv = [script, *args]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            sys.exit(f"{script} exited with {stop.code}")
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(f"{script} failed")
+    printed.append(out.getvalue())
+print(json.dumps(printed))
+"""
+
+
+def run_benchmarks(runs: list[tuple[str, list[str], Path | None]], cwd: Path) -> list[dict]:
+    """The benchmarks `runs` (script, its arguments, the JSON file it writes or None for the JSON
+    it prints last), one after the other in one Python process in `cwd`; their reports, in order."""
+    env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
+    scripts = [(str(ROOT / "benchmarks" / script), args) for script, args, _ in runs]
+    command = [sys.executable, "-c", _ONE_PROCESS, str(ROOT / "benchmarks"), json.dumps(scripts)]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    return [
+        json.loads(written.read_text()) if written is not None else json.loads(out.strip().splitlines()[-1])
+        for (_, _, written), out in zip(runs, printed, strict=True)
+    ]
+
+
 def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tmp: Path) -> None:
     """The benchmarks that read a finished project, on the pipeline test's tiny one: each runs and
     reports what it measured (the project's own parameters are left as the pipeline read them)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    params = write_params(project, overrides, "bench-params.yaml")
-    at = {"cwd": project}
-
-    experience = run_benchmark(
-        "experience.py", *("--params", str(params), "--transitions", "2", "--batches", "2", "--repeats", "1"),
-        report=tmp / "experience.json", **at,
+    params = str(write_params(project, overrides, "bench-params.yaml"))
+    bundle, held_out = tmp / "bundle", project / "outputs" / "experience" / "fidelity_real.parquet"
+    [model_dir] = (project / "outputs" / "experience").glob("model-*/model")
+    experience, synthetic, live, replayed, scaling, rl = run_benchmarks(
+        [
+            (
+                "experience.py",
+                ["--params", params, "--transitions", "2", "--batches", "2", "--repeats", "1",
+                 "--json", str(tmp / "experience.json")],
+                tmp / "experience.json",
+            ),
+            (
+                "synthetic_env.py",
+                ["--params", params, "--batches", "4", "--steps", "2", "--repeats", "1", "--real-games", "1",
+                 "--policy", str(bc_policy), "--json", str(tmp / "synthetic.json")],
+                tmp / "synthetic.json",
+            ),
+            # The pretrained backbone's two halves, both on the CPU here: the export records
+            # retrieval and measures the project's model live; the GPU half measures that same
+            # model from the bundle alone (retrieval replayed) and must score what it scored live.
+            (
+                "pretrained_experience.py",
+                ["--params", params, "export", "--out", str(bundle), "--set", f"held-out={held_out}",
+                 "--check-transitions", "4"],
+                bundle / "baseline.json",
+            ),
+            (
+                "pretrained_experience.py",
+                ["--params", params, "run", "--bundle", str(bundle), "--trained", str(model_dir), "--sets",
+                 "held-out", "--throughput-batches", "1", "--throughput", "2", "--work", str(tmp / "work"),
+                 "--json", str(tmp / "replayed.json")],
+                tmp / "replayed.json",
+            ),
+            # The LM-only scaling table's row: the LM trained on the project's data (here made to
+            # write every change) and no model, measured on the same transitions.
+            (
+                "experience_scaling.py",
+                ["--params", params, "--out", str(tmp / "scaling"), "--real", str(held_out),
+                 "experience.epochs=0.5", "experience.copy_examples=false"],
+                None,
+            ),
+            (
+                "real_rl_settings.py",
+                ["--params", params, "--start", str(bc_policy), "--out", str(tmp / "rl"),
+                 "--games", str(project / "data" / "games" / "test"), "rl.real_budget=20", "rl.epochs=1"],
+                None,
+            ),
+        ],
+        cwd=project,
     )  # fmt: skip
     assert experience["batches"]["2"]["transitions_per_s"] > 0 and experience["parameters"] > 0
-
-    synthetic = run_benchmark(
-        "synthetic_env.py",
-        *("--params", str(params), "--batches", "4", "--steps", "2", "--repeats", "1", "--real-games", "1"),
-        *("--policy", str(bc_policy)),
-        report=tmp / "synthetic.json", **at,
-    )  # fmt: skip
     assert synthetic["real_steps_per_s"] > 0 and synthetic["synthetic"]["4"]["transitions_per_s"] > 0
     # GRPO's rollouts without and with the recorded real steps recalled (the pipeline's default).
     plain, recalling = synthetic["grouped"]["4"], synthetic["grouped_recalling"]["4"]
     assert plain["recalled_share"] == 0 and 0 <= recalling["recalled_share"] <= 1
-
-    # The pretrained backbone's two halves, both on the CPU here: the export records retrieval and
-    # measures the project's model live; the GPU half measures that same model from the bundle
-    # alone (retrieval replayed) and must score what it scored live.
-    bundle, held_out = tmp / "bundle", project / "outputs" / "experience" / "fidelity_real.parquet"
-    live = run_benchmark(
-        "pretrained_experience.py", "--params", str(params), "export", "--out", str(bundle),
-        "--set", f"held-out={held_out}", "--check-transitions", "4", writes=bundle / "baseline.json", **at,
-    )["sets"]["held-out"]  # fmt: skip
+    live = live["sets"]["held-out"]
     assert live["model"]["transitions"] > 0 and 0 <= live["no_model"]["next_state_exact_match"] <= 1
-    [model_dir] = (project / "outputs" / "experience").glob("model-*/model")
-    replayed = run_benchmark(
-        "pretrained_experience.py", "--params", str(params), "run", "--bundle", str(bundle),
-        "--trained", str(model_dir), "--sets", "held-out", "--throughput-batches", "1", "--throughput", "2",
-        "--work", str(tmp / "work"), report=tmp / "replayed.json", **at,
-    )  # fmt: skip
     for key in ("transitions", "next_state_exact_match", "reward_accuracy", "done_accuracy"):
         assert replayed["sets"]["held-out"][key] == live["model"][key], key
     assert replayed["throughput"]["transitions_per_s"]["1"] > 0
-
-    # The LM-only scaling table's row: the LM trained on the project's data (here made to write every
-    # change) and no model, measured on the same transitions.
-    scaling = run_benchmark(
-        "experience_scaling.py", "--params", str(params), "--out", str(tmp / "scaling"), "--real", str(held_out),
-        "experience.epochs=0.5", "experience.copy_examples=false", **at,
-    )  # fmt: skip
     assert scaling["steps"] > 0 and scaling["examples"] >= scaling["transitions"] > 0
     measured = scaling[str(held_out)]
     assert measured["lm"]["transitions"] == measured["no_model"]["transitions"] > 0
-
-    rl = run_benchmark(
-        "real_rl_settings.py",
-        *("--params", str(params), "--start", str(bc_policy), "--out", str(tmp / "rl")),
-        *("--games", str(project / "data" / "games" / "test"), "rl.real_budget=20", "rl.epochs=1"),
-        **at,
-    )
     assert set(rl["wins"]) == {"start test", "trained test"}
     assert 0 < rl["curve"]["real_transitions"][-1] <= 20  # real RL spends real transitions, within its budget
