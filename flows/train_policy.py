@@ -80,6 +80,7 @@ class RLSummary:
     seconds: float
     s2r_seconds: float
     reused: bool
+    recalled_transitions: int = 0  # of the synthetic ones, answered with a recorded real outcome (rl.recall_real)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class PolicyResult:
             (
                 "RL",
                 f"{rl.algorithm} in {rl.env}: {rl.epochs} epochs ({how}), real transitions "
-                f"{rl.real_transitions}, synthetic {rl.synthetic_transitions}",
+                f"{rl.real_transitions}, synthetic {rl.synthetic_transitions} ({rl.recalled_transitions} recalled)",
             ),
             ("policy", self.model),
             ("MLflow run (policy)", self.mlflow_run_id),
@@ -484,7 +485,13 @@ def train_policy(
             f"held-out games: {evals[0]['episodes']} episodes each",
         )
         mlflow.log_artifact(str(comparison), artifact_path="policy")
-        mlflow.log_metrics({"real_transitions": real_used, "synthetic_transitions": rl.synthetic_transitions})
+        mlflow.log_metrics(
+            {
+                "real_transitions": real_used,
+                "synthetic_transitions": rl.synthetic_transitions,
+                "recalled_transitions": rl.recalled_transitions,
+            }
+        )
         if not (stages.was_cached(dream_rl_task) or stages.was_cached(real_rl_task)):  # this run's work only
             mlflow.log_metric("rl_seconds", rl.seconds)
         model, bc_model = str(final), None
@@ -540,6 +547,7 @@ def train_policy(
                 seconds=rl.seconds,
                 s2r_seconds=s2r_seconds,
                 reused=trained_before,
+                recalled_transitions=rl.recalled_transitions,
             ),
             evaluations=evals,
             train_evaluations=train_evals,

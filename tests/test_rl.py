@@ -12,6 +12,7 @@ import torch
 from dreamgym.curriculum import Curriculum
 from dreamgym.data.collect import CollectionSettings, collect
 from dreamgym.data.schema import read_transitions
+from dreamgym.envs.dynamics import Prediction
 from dreamgym.envs.textworld.config import GamesConfig
 from dreamgym.envs.textworld.env import TextWorldEnv, load_task
 from dreamgym.envs.textworld.games import generate_games, plan_games
@@ -192,6 +193,52 @@ def test_a_real_budget_stops_the_run_and_is_never_exceeded(one_room_game, warm_s
     for epoch in result.history:  # outcomes only of whole epochs: the cut one's finished episodes are its short ones
         assert ("success_rate" in epoch) == (epoch["cut_episodes"] == 0)
     assert "success_rate" not in result.history[-1]
+
+
+class _NoModel:
+    """Dynamics that predict nothing (every query fails, which changes nothing in DreamEnv): behind
+    `RecallingDynamics`, only the recorded real steps move an episode on."""
+
+    history = 0
+
+    def predict(self, queries):
+        return [Prediction(None, "", 1, error="no model") for _ in queries]
+
+
+def test_a_synthetic_budget_ends_a_dream_run_between_epochs_and_recalled_steps_are_counted(
+    one_room_game, warm_start, tmp_path
+):
+    from dreamgym.envs.dream_env import DreamEnv
+    from dreamgym.envs.recall import RecallingDynamics
+    from dreamgym.experience.variations import seed_tasks
+
+    recorded = collect(
+        [one_room_game],
+        tmp_path / "recorded.parquet",
+        CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=MAX_STEPS),
+        workers=1,
+        progress=False,
+    )
+    rows = read_transitions(recorded.path).to_pylist()
+    recalling = RecallingDynamics(_NoModel(), rows)
+    config = dataclasses.replace(TINY_RL, env="dream", epochs=50, synthetic_budget=150)
+    result = train_rl(
+        warm_start,
+        lambda slot: DreamEnv(recalling, MAX_STEPS, slot=slot, policy="test"),
+        Curriculum(seed_tasks(rows), ONE_TASK, seed=0),  # DreamEnv starts from the recorded first state
+        config,
+        tmp_path / "dream",
+        seed=0,
+        progress=False,
+    )
+    spent = [epoch["synthetic_transitions"] for epoch in result.history]
+    # Whole epochs: the first that ends past the budget is the last (synthetic steps are cheap).
+    assert 1 < len(spent) < 50 and spent[-2] < 150 <= spent[-1] == result.synthetic_transitions
+    assert result.real_transitions == 0
+    # Every step the policy took where the recorded episodes went was answered from them, and
+    # counted; the rest failed (no model) and counted as synthetic steps too.
+    assert 0 < result.recalled_transitions == recalling.recalled <= result.synthetic_transitions
+    assert result.history[-1]["recalled_transitions"] == result.recalled_transitions
 
 
 @pytest.mark.long

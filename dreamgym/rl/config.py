@@ -82,6 +82,14 @@ class RLConfig:
     real_budget: Annotated[
         int, described("env real: the run stops after this many real transitions (counted, logged).", ge=1)
     ] = 3000
+    synthetic_budget: Annotated[
+        int,
+        described(
+            "env dream: no epoch starts once the run has taken this many synthetic transitions (predicted and "
+            "recalled; the last epoch may pass it). 0: epochs alone end the run.",
+            ge=0,
+        ),
+    ] = 0
     s2r_budget: Annotated[
         int,
         described(

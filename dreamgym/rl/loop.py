@@ -17,7 +17,8 @@ seeded by (seed, epoch), so a resumed run takes the same decisions as an uninter
 finished run is returned as it is (`reused`). A directory holding a different run is refused.
 
 Real-environment runs count every real transition; `real_budget` stops a run: the episodes
-running when it is spent are cut and not learned from, and no further epoch starts.
+running when it is spent are cut and not learned from, and no further epoch starts. Synthetic
+transitions are cheap: `config.synthetic_budget` only stops a DreamEnv run between epochs.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ class RLResult:
     policy_dir: Path
     history: list[dict[str, float]]  # one row of metrics per epoch
     real_transitions: int
-    synthetic_transitions: int
+    synthetic_transitions: int  # DreamEnv's steps: predicted by the model or recalled
     seconds: float
+    recalled_transitions: int = 0  # of the synthetic ones, those answered with a recorded real outcome
     resumed_from: int | None = None  # the epoch training continued after
     reused: bool = False
 
@@ -105,6 +107,11 @@ def collapse_warnings(history: Sequence[dict[str, float]]) -> list[str]:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _recalled_steps(envs: Sequence[Env]) -> int:
+    """DreamEnv steps the slots' environments answered with a recorded real outcome, so far."""
+    return sum(env.recalled_steps for env in envs if isinstance(env, DreamEnv))
 
 
 def _policy_digest(path: Path) -> str:
@@ -278,12 +285,13 @@ def _train_rl(
     resumed_from = None
     history: list[dict[str, float]] = []
     budget = RealBudget(real_budget)
-    synthetic = 0
+    synthetic = recalled = 0
     if checkpoints:
         last = checkpoints[-1]
         state = json.loads((last / STATE_FILE).read_text())
         policy = load_policy(last / "policy", train=True)
         history, budget.used, synthetic = state["history"], state["real_transitions"], state["synthetic_transitions"]
+        recalled = state.get("recalled_transitions", 0)
         curriculum = Curriculum.from_state_dict(
             state["curriculum"],
             curriculum.seeds,
@@ -316,7 +324,11 @@ def _train_rl(
             if budget.exhausted:
                 logger.info("real budget of %s transitions spent; stopping before epoch %s", real_budget, epoch)
                 break
+            if 0 < config.synthetic_budget <= synthetic:
+                logger.info("synthetic budget of %s transitions spent; stopping before epoch %s", synthetic, epoch)
+                break
             epoch_started = time.perf_counter()
+            recalled_before = _recalled_steps(envs)
             tasks: list[Task] = curriculum.draw(epoch)
             episodes = play_groups(
                 policy,
@@ -337,6 +349,7 @@ def _train_rl(
                     )
             rows = [row for env in envs if isinstance(env, DreamEnv) for row in env.take_transitions()]
             synthetic += sum(1 for e in episodes if not e.real for _ in e.decisions)
+            recalled += _recalled_steps(envs) - recalled_before
             if rows and on_transitions is not None:
                 on_transitions(rows)
             checked = gap_metrics(episodes, real_check(policy, tasks, epoch)) if real_check is not None else {}
@@ -351,6 +364,7 @@ def _train_rl(
                 "samples": float(len(samples)),
                 "real_transitions": float(budget.used),
                 "synthetic_transitions": float(synthetic),
+                "recalled_transitions": float(recalled),
                 **checked,
                 **curriculum.metrics(),
                 "epoch_seconds": time.perf_counter() - epoch_started,
@@ -369,6 +383,7 @@ def _train_rl(
                     "history": history,
                     "real_transitions": budget.used,
                     "synthetic_transitions": synthetic,
+                    "recalled_transitions": recalled,
                     "curriculum": curriculum.state_dict(),
                 },
             )
@@ -389,6 +404,7 @@ def _train_rl(
         real_transitions=budget.used,
         synthetic_transitions=synthetic,
         seconds=time.perf_counter() - started,
+        recalled_transitions=recalled,
         resumed_from=resumed_from,
     )
     partial = final / f".{RESULT_FILE}.partial"
