@@ -11,7 +11,7 @@ from dreamgym.ops.benchmark import bench_plan, check_targets, markdown
 
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 ROWS = ["bc", "real-grpo", "dreamgym-grpo", "dreamgym-s2r-grpo", "no-retrieval"]
-BUDGET = 40
+BUDGET = 10  # N: the dream rows' synthetic budget is 10N
 
 
 @pytest.mark.long
@@ -57,7 +57,11 @@ def test_bench_rows_come_from_real_runs(tmp_path, project_games, prefect_server,
     assert (by_name["bc"]["real_transitions"], by_name["bc"]["synthetic_transitions"]) == (0, 0)
     assert by_name["real-grpo"]["real_transitions"] == BUDGET  # run until the budget is spent
     assert by_name["real-grpo"]["synthetic_transitions"] == 0
-    assert by_name["dreamgym-grpo"]["real_transitions"] == 0 and by_name["dreamgym-grpo"]["synthetic_transitions"] > 0
+    dream = by_name["dreamgym-grpo"]
+    assert dream["real_transitions"] == 0
+    # The dream ran until its synthetic budget (10N) was spent, and stopped there.
+    assert dream["history"][-2]["synthetic_transitions"] < 10 * BUDGET <= dream["synthetic_transitions"]
+    assert 0 <= dream["recalled_transitions"] <= dream["synthetic_transitions"]
     s2r = by_name["dreamgym-s2r-grpo"]
     assert 0 < s2r["real_transitions"] <= BUDGET // 10 and s2r["synthetic_transitions"] > 0
     # Its DreamEnv phase is DreamGym's run, shared (the real budgets are not part of it).
