@@ -115,7 +115,13 @@ def bench(
     seeds: Annotated[str | None, typer.Option(help="Comma-separated training seeds [default: params seed].")] = None,
     real_budget: Annotated[
         int | None,
-        typer.Option(min=1, help="N: real transitions of real-env RL (S2R gets N/10) [default: rl.real_budget]."),
+        typer.Option(
+            min=1,
+            help=(
+                "N: real transitions of real-env RL (also 10N; S2R gets N/10; the dream rows 10N synthetic) "
+                "[default: rl.real_budget]."
+            ),
+        ),
     ] = None,
     rows: Annotated[
         str | None,
