@@ -109,6 +109,15 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def _progress_unit(config: RLConfig, real_budget: int | None) -> tuple[int, str]:
+    """What a run's progress bar counts, and to what total: the budget that ends it, else epochs."""
+    if real_budget is not None:
+        return real_budget, "real"
+    if config.synthetic_budget:
+        return config.synthetic_budget, "synthetic"
+    return config.epochs, "epoch"
+
+
 def _recalled_steps(envs: Sequence[Env]) -> int:
     """DreamEnv steps the slots' environments answered with a recorded real outcome, so far."""
     return sum(env.recalled_steps for env in envs if isinstance(env, DreamEnv))
@@ -317,8 +326,18 @@ def _train_rl(
         return envs[:count]
 
     first_epoch = 0 if resumed_from is None else resumed_from + 1
+    # A run that a budget ends shows the budget's progress (the epoch count is only a ceiling there).
+    total, unit = _progress_unit(config, real_budget)
+
+    def counted() -> int:
+        return min(total, {"real": budget.used, "synthetic": synthetic, "epoch": len(history)}[unit])
+
     with tqdm(
-        total=config.epochs, initial=first_epoch, desc=config.algorithm, unit="epoch", disable=not progress
+        total=total,
+        initial=counted(),
+        desc=f"{config.algorithm} ({unit})",
+        unit="epoch" if unit == "epoch" else "transition",
+        disable=not progress,
     ) as bar:
         for epoch in range(first_epoch, config.epochs):
             if budget.exhausted:
@@ -392,7 +411,7 @@ def _train_rl(
             bar.set_postfix(
                 success=f"{metrics.get('success_rate', float('nan')):.2f}", loss=f"{metrics.get('loss', 0):.3f}"
             )
-            bar.update()
+            bar.update(counted() - bar.n)
     for env in envs:
         env.close()
 
