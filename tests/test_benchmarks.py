@@ -129,7 +129,8 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
     params = str(write_params(project, overrides, "bench-params.yaml"))
     bundle, held_out = tmp / "bundle", project / "outputs" / "experience" / "fidelity_real.parquet"
     [model_dir] = (project / "outputs" / "experience").glob("model-*/model")
-    experience, synthetic, live, replayed, scaling, rl = run_benchmarks(
+    dream_run = sorted((project / "outputs" / "policy").glob("rl-*-dream-*"))[0].name
+    experience, synthetic, live, replayed, scaling, rl, divergence = run_benchmarks(
         [
             (
                 "experience.py",
@@ -173,6 +174,8 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
                  "--games", str(project / "data" / "games" / "test"), "rl.real_budget=20", "rl.epochs=1"],
                 None,
             ),
+            # The dream's episodes, written back by the project's RL run, replayed in their real games.
+            ("dream_divergence.py", ["--params", params, "--run", dream_run], None),
         ],
         cwd=project,
     )  # fmt: skip
@@ -191,3 +194,36 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
     assert measured["lm"]["transitions"] == measured["no_model"]["transitions"] > 0
     assert set(rl["wins"]) == {"start test", "trained test"}
     assert 0 < rl["curve"]["real_transitions"][-1] <= 20  # real RL spends real transitions, within its budget
+    # (The tiny model's dream may write nothing back: test_a_dream_episode_is_followed_... below replays one.)
+    assert divergence["run"] == dream_run and sum(divergence["outcomes"].values()) == divergence["replayed"]
+    assert sum(divergence["parted_at_verb"].values()) == divergence["outcomes"].get("parted", 0)
+
+
+def test_a_dream_episode_is_followed_in_its_real_game_until_the_step_that_differs(
+    offline_dataset, train_games, monkeypatch
+):
+    """dream_divergence.py's replay, on a real episode taken as a dream: a faithful dream is followed
+    to its end; one whose third step leads to another room parts there, in the location."""
+    import dataclasses
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from dream_divergence import replay
+
+    from dreamgym.data.schema import read_transitions
+    from dreamgym.envs.textworld.env import TextWorldEnv, load_task
+    from dreamgym.state import parse_state
+
+    rows = read_transitions(offline_dataset).to_pylist()
+    first = min(row["trajectory_id"] for row in rows)
+    episode = sorted((row for row in rows if row["trajectory_id"] == first), key=lambda row: row["step"])
+    [game] = [game for game in train_games if game.stem == episode[0]["task_id"]]
+    env = TextWorldEnv(len(episode) + 1)
+    assert replay(env, load_task(game), episode) == {"outcome": "followed", "followed": len(episode)}
+    elsewhere = dataclasses.replace(parse_state(episode[2]["next_state"]), location="imagined room")
+    dreamt = [*episode[:2], episode[2] | {"next_state": elsewhere.to_text()}, *episode[3:]]
+    assert replay(env, load_task(game), dreamt) == {
+        "outcome": "parted",
+        "followed": 2,
+        "verb": episode[2]["action"].split()[0],
+        "differs": ["location"],
+    }
