@@ -117,16 +117,17 @@ def bench(
         int | None,
         typer.Option(
             min=1,
-            help=(
-                "N: real transitions of real-env RL (also 10N; S2R gets N/10; the dream rows 10N synthetic) "
-                "[default: rl.real_budget]."
-            ),
+            help=("N: real transitions of real-env RL (also 10N; S2R gets N/10) [default: rl.real_budget]."),
         ),
+    ] = None,
+    synthetic_budget: Annotated[
+        int | None,
+        typer.Option(min=1, help="Synthetic transitions of each dream row's RL [default: 10N, real RL's ceiling]."),
     ] = None,
     rows: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated rows to run [default: all: bc, real-grpo, "
+            help="Comma-separated rows to run [default: all: bc, real-grpo, real-grpo-10n, "
             "real-ppo, dreamgym-grpo, dreamgym-ppo, dreamgym-s2r-grpo, "
             "no-retrieval, no-history, no-reasoning, no-curriculum]."
         ),
@@ -151,13 +152,21 @@ def bench(
     except ValueError:
         raise DreamgymError(f"--seeds {seeds!r}: give whole numbers separated by commas, e.g. 0,1,2") from None
     row_names = [name.strip() for name in rows.split(",")] if rows else None
-    bench_plan(real_budget or config.rl.real_budget, row_names)  # bad rows or budget: before services start
+    bench_plan(real_budget or config.rl.real_budget, row_names, synthetic_budget)  # bad input: before services start
     from dreamgym.ops.preflight import check_servers
 
     configure_services(params.resolve().parent / config.paths.run_dir)
     check_servers()
     results = _start_flow(
-        BENCH, str(params), str(games), str(json_out), seed_list, real_budget, row_names, held_out=held_out
+        BENCH,
+        str(params),
+        str(games),
+        str(json_out),
+        seed_list,
+        real_budget,
+        row_names,
+        held_out=held_out,
+        synthetic_budget=synthetic_budget,
     )
     Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)
 

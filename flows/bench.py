@@ -41,6 +41,7 @@ def bench(
     rows: list[str] | None = None,
     overrides: dict[str, Any] | None = None,
     held_out: int = HELD_OUT_GAMES,
+    synthetic_budget: int | None = None,
 ) -> list[dict]:
     """Train and evaluate every row of the plan for each seed on the first `held_out` games of
     `games` (100 by default: a Wilson interval of about ±10 points, where make run's 40 give ±15);
@@ -63,7 +64,8 @@ def bench(
         )
     seeds = seeds or [base.seed]
     budget = real_budget or base.rl.real_budget
-    plan = bench_plan(budget, rows)
+    plan = bench_plan(budget, rows, synthetic_budget)
+    synthetic = synthetic_budget or 10 * budget  # the dream rows' (bench_plan)
     run_dir = project / base.paths.run_dir
     configure_services(run_dir)
     out = Path(json_out).resolve()
@@ -72,6 +74,7 @@ def bench(
     params = flatten(config_to_dict(base)) | {
         "bench.seeds": ",".join(map(str, seeds)),
         "bench.real_budget": budget,
+        "bench.synthetic_budget": synthetic,
         "bench.rows": ",".join(row.name for row in plan),
     }
     with stage_run("bench", base, project, params=params):
@@ -95,6 +98,7 @@ def bench(
                     | {
                         "machine": where,
                         "real_budget": budget,
+                        "synthetic_budget": synthetic,
                         "experience_fidelity": experience.fidelity["next_state_exact_match"],
                     }
                 )

@@ -11,7 +11,8 @@ from dreamgym.ops.benchmark import bench_plan, check_targets, markdown
 
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
 ROWS = ["bc", "real-grpo", "dreamgym-grpo", "dreamgym-s2r-grpo", "no-retrieval"]
-BUDGET = 10  # N: the dream rows' synthetic budget is 10N
+BUDGET = 40
+SYNTHETIC = 30  # the dream rows' (10N by default: 400 synthetic steps would take the tiny model a minute)
 
 
 @pytest.mark.long
@@ -28,6 +29,7 @@ def test_bench_rows_come_from_real_runs(tmp_path, project_games, prefect_server,
             str(out),
             seeds=[0],
             real_budget=BUDGET,
+            synthetic_budget=SYNTHETIC,
             rows=rows,
             overrides=OVERRIDES,
             held_out=held_out,
@@ -59,8 +61,9 @@ def test_bench_rows_come_from_real_runs(tmp_path, project_games, prefect_server,
     assert by_name["real-grpo"]["synthetic_transitions"] == 0
     dream = by_name["dreamgym-grpo"]
     assert dream["real_transitions"] == 0
-    # The dream ran until its synthetic budget (10N) was spent, and stopped there.
-    assert dream["history"][-2]["synthetic_transitions"] < 10 * BUDGET <= dream["synthetic_transitions"]
+    # The dream ran until its synthetic budget was spent, and stopped there.
+    assert all(epoch["synthetic_transitions"] < SYNTHETIC for epoch in dream["history"][:-1])
+    assert dream["synthetic_transitions"] >= SYNTHETIC == dream["synthetic_budget"]
     assert 0 <= dream["recalled_transitions"] <= dream["synthetic_transitions"]
     s2r = by_name["dreamgym-s2r-grpo"]
     assert 0 < s2r["real_transitions"] <= BUDGET // 10 and s2r["synthetic_transitions"] > 0
@@ -110,6 +113,9 @@ def test_plan_and_targets():
     assert all(plan[name]["rl.synthetic_budget"] == 10_000 for name in dream_rows)
     assert plan["dreamgym-grpo"]["rl.epochs"] == plan["real-grpo"]["rl.epochs"] > 1000
     assert all(plan[name]["rl.synthetic_budget"] == 0 for name in ("real-grpo", "real-grpo-10n", "real-ppo"))
+    assert bench_plan(1000, ["dreamgym-grpo"], synthetic_budget=500)[0].overrides["rl.synthetic_budget"] == 500
+    with pytest.raises(DreamgymError, match="--synthetic-budget 0"):
+        bench_plan(1000, synthetic_budget=0)
     with pytest.raises(DreamgymError, match="unknown bogus"):
         bench_plan(1000, ["bogus"])
     with pytest.raises(DreamgymError, match="at least 10 real transitions"):

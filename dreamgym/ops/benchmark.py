@@ -50,18 +50,23 @@ def machine() -> dict:
     }
 
 
-def bench_plan(real_budget: int, names: Sequence[str] | None = None) -> list[BenchRow]:
-    """The rows, in table order; `names` picks some (BC is measured by every policy run)."""
+def bench_plan(
+    real_budget: int, names: Sequence[str] | None = None, synthetic_budget: int | None = None
+) -> list[BenchRow]:
+    """The rows, in table order; `names` picks some (BC is measured by every policy run). The dream
+    rows take `synthetic_budget` synthetic transitions, by default 10N: real RL's ceiling."""
     if real_budget < 10:
         raise DreamgymError(
             f"--real-budget {real_budget}: need at least 10 real transitions (sim-to-real gets a tenth of them)"
         )
+    if synthetic_budget is not None and synthetic_budget < 1:
+        raise DreamgymError(f"--synthetic-budget {synthetic_budget}: give at least 1 (default: 10 x --real-budget)")
     # Every RL row runs until its budget is spent: the budget, not the epoch count, ends it. The
     # dream's is synthetic (the cheap resource), as large as real RL's ceiling at 10N.
     dream = {
         "rl.env": "dream",
         "rl.s2r_budget": 0,
-        "rl.synthetic_budget": 10 * real_budget,
+        "rl.synthetic_budget": synthetic_budget or 10 * real_budget,
         "rl.epochs": UNTIL_BUDGET,
     }
     real = {
