@@ -117,7 +117,7 @@ def bench(
         int | None,
         typer.Option(
             min=1,
-            help=("N: real transitions of real-env RL (also 10N; S2R gets N/10) [default: rl.real_budget]."),
+            help="N: real transitions of real-env RL (also 10N; S2R gets N/10) [default: rl.real_budget].",
         ),
     ] = None,
     synthetic_budget: Annotated[

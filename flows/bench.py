@@ -22,7 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 from dreamgym.config import config_to_dict, flatten, load_config
 from dreamgym.envs.real import list_games
 from dreamgym.errors import DreamgymError
-from dreamgym.ops.benchmark import bench_plan, check_targets, machine, markdown, plot, row_result
+from dreamgym.ops.benchmark import bench_plan, check_targets, dream_budget, machine, markdown, plot, row_result
 from dreamgym.ops.tracking import configure_services, stage_run
 from flows.ingest import ingest
 from flows.train_experience import train_experience
@@ -65,7 +65,7 @@ def bench(
     seeds = seeds or [base.seed]
     budget = real_budget or base.rl.real_budget
     plan = bench_plan(budget, rows, synthetic_budget)
-    synthetic = synthetic_budget or 10 * budget  # the dream rows' (bench_plan)
+    synthetic = dream_budget(budget, synthetic_budget)
     run_dir = project / base.paths.run_dir
     configure_services(run_dir)
     out = Path(json_out).resolve()

@@ -50,6 +50,11 @@ def machine() -> dict:
     }
 
 
+def dream_budget(real_budget: int, synthetic_budget: int | None = None) -> int:
+    """The synthetic transitions of each dream row: `synthetic_budget`, else real RL's ceiling, 10N."""
+    return synthetic_budget or 10 * real_budget
+
+
 def bench_plan(
     real_budget: int, names: Sequence[str] | None = None, synthetic_budget: int | None = None
 ) -> list[BenchRow]:
@@ -66,7 +71,7 @@ def bench_plan(
     dream = {
         "rl.env": "dream",
         "rl.s2r_budget": 0,
-        "rl.synthetic_budget": synthetic_budget or 10 * real_budget,
+        "rl.synthetic_budget": dream_budget(real_budget, synthetic_budget),
         "rl.epochs": UNTIL_BUDGET,
     }
     real = {
@@ -158,17 +163,17 @@ def check_targets(rows: Sequence[Mapping]) -> list[dict]:
     lower = {name: _mean([r | {"lower": r["ci95"][0]} for r in rows], name, "lower") for name in rate}
     targets = []
 
-    def target(id: str, says: str, holds: bool, numbers: str) -> None:
-        targets.append({"id": id, "target": says, "holds": bool(holds), "numbers": numbers})
+    def target(key: str, says: str, holds: bool, numbers: str) -> None:
+        targets.append({"id": key, "target": says, "holds": bool(holds), "numbers": numbers})
 
     if BC in rate:
         target("room", "BC <= 60% held-out: there is room to learn", rate[BC] <= 0.6, f"bc {rate[BC]:.3f}")
-    for name, id, says in (
+    for name, key, says in (
         (REAL_10N, "rl-works", "real-env GRPO at 10N >= BC + 10 points (RL works)"),
         (DREAMGYM, "dream-gain", "DreamGym (0 real transitions) >= BC + 10 points"),
     ):
         if name in rate and BC in rate:
-            target(id, says, rate[name] >= rate[BC] + 0.1, f"{name} {rate[name]:.3f} vs bc {rate[BC]:.3f}")
+            target(key, says, rate[name] >= rate[BC] + 0.1, f"{name} {rate[name]:.3f} vs bc {rate[BC]:.3f}")
     if DREAMGYM in rate and REAL in rate:
         target(
             "dream-vs-real",

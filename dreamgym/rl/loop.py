@@ -344,7 +344,12 @@ def _train_rl(
                 logger.info("real budget of %s transitions spent; stopping before epoch %s", real_budget, epoch)
                 break
             if 0 < config.synthetic_budget <= synthetic:
-                logger.info("synthetic budget of %s transitions spent; stopping before epoch %s", synthetic, epoch)
+                logger.info(
+                    "synthetic budget of %s transitions spent (%s taken); stopping before epoch %s",
+                    config.synthetic_budget,
+                    synthetic,
+                    epoch,
+                )
                 break
             epoch_started = time.perf_counter()
             recalled_before = _recalled_steps(envs)
