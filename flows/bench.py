@@ -31,6 +31,18 @@ from flows.train_policy import train_policy
 HELD_OUT_GAMES = 100
 
 
+def _write_rows(results: list[dict], out: Path) -> tuple[list[dict], str]:
+    """The rows so far as JSON at `out` and their table beside it, after every row: a bench stopped
+    after hours leaves what it finished readable (each file replaced whole). Their targets and table."""
+    targets = check_targets(results)
+    table = markdown(results, targets)
+    for path, content in ((out, json.dumps(results, indent=2)), (out.with_suffix(".md"), table)):
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(content + "\n")
+        partial.replace(path)
+    return targets, table
+
+
 @flow(name="dreamgym-bench")
 def bench(
     params: str,
@@ -116,10 +128,7 @@ def bench(
                         f"{row.name}_s{seed}_real_transitions": result["real_transitions"],
                     }
                 )
-        targets = check_targets(results)
-        table = markdown(results, targets)
-        out.write_text(json.dumps(results, indent=2) + "\n")
-        out.with_suffix(".md").write_text(table + "\n")
+                targets, table = _write_rows(results, out)
         figure = plot(results, out.with_suffix(".png"))
         for path in (out, out.with_suffix(".md"), figure):
             mlflow.log_artifact(str(path), artifact_path="bench")

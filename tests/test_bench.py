@@ -42,6 +42,9 @@ def test_bench_rows_come_from_real_runs(tmp_path, project_games, prefect_server,
     # it finished (their trained policies reused, the same figures) and trains the others.
     cut_off = run(ROWS[:2])
     assert not any(row["reused"] for row in cut_off), "a fresh project trains every row"
+    # Written after every row (whole files: no partial one left), so a stopped bench keeps what it did.
+    assert json.loads(out.read_text()) == json.loads(json.dumps(cut_off)) and out.with_suffix(".md").is_file()
+    assert not list(out.parent.glob(".*.partial"))
     returned = run(ROWS)
     rows = json.loads(out.read_text())
     # DreamGym's policy is the one the `bc` row trained too (the bc row is DreamGym's run, read at BC).
