@@ -84,7 +84,8 @@ def markdown_table(benches: Mapping[str, Sequence[Mapping]]) -> str:
                 f"| {label} | {LABELS.get(line['name'], line['name'])} | "
                 f"{line['wins'] / line['episodes']:.1%} ({lo:.1%}-{hi:.1%}) | {gains} | "
                 f"{line['real']:,} / {_count(*line['synthetic'])} | {line['games']} held-out games x "
-                f"{line['seeds']} seeds, {line['date']}, {line['cpus']} {where} cores |"
+                f"{line['seeds']} seed{'s' if line['seeds'] != 1 else ''}, {line['date']}, "
+                f"{line['cpus']} {where} cores |"
             )
     return "\n".join(lines) + "\n"
 
