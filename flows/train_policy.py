@@ -188,19 +188,14 @@ def dream_phase(config: PipelineConfig) -> PipelineConfig:
     )
 
 
-def _log_epoch(prefix: str, recalling: RecallingDynamics | None = None):
-    """Each epoch's metrics to MLflow; with `recalling`, also the share of the epoch's DreamEnv
-    steps answered from the recorded real transitions (`recalled_share`) rather than the model."""
-    before = [0, 0]  # recalled, asked: the counters at the previous epoch's end
+def _log_epoch(prefix: str):
+    """Each epoch's metrics to MLflow (`recalled_share` among them: the share of the epoch's DreamEnv
+    steps answered from the recorded real transitions rather than the model)."""
 
     def log(metrics: dict[str, float]) -> None:
-        logged = {f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"}
-        if recalling is not None:
-            recalled, asked = recalling.recalled - before[0], recalling.asked - before[1]
-            before[:] = [recalling.recalled, recalling.asked]
-            if asked:
-                logged[f"{prefix}recalled_share"] = recalled / asked
-        mlflow.log_metrics(logged, step=int(metrics["epoch"]))
+        mlflow.log_metrics(
+            {f"{prefix}{key}": value for key, value in metrics.items() if key != "epoch"}, step=int(metrics["epoch"])
+        )
 
     return log
 
@@ -247,8 +242,7 @@ def dream_rl_task(
         game_writer = variation_game_writer(Path(out_dir) / "variation-games", config)
         curriculum = dream_curriculum(seeds, experience, config, game_writer)
         layered = experience.dynamics()  # the model with its rule layers
-        recalling = RecallingDynamics(layered, rows) if config.rl.recall_real else None
-        dynamics = recalling or layered
+        dynamics = RecallingDynamics(layered, rows) if config.rl.recall_real else layered
 
         def make_env(slot: int) -> DreamEnv:
             return DreamEnv(
@@ -287,7 +281,7 @@ def dream_rl_task(
             config.rl,
             out_dir,
             config.seed,
-            on_epoch=_log_epoch("rl_", recalling),
+            on_epoch=_log_epoch("rl_"),
             on_transitions=write if config.rl.write_back else None,
             real_check=real_check,
         )

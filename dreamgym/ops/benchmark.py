@@ -160,7 +160,8 @@ def check_targets(rows: Sequence[Mapping]) -> list[dict]:
     measured rows, means over seeds: each with an `id`, what it says, the numbers it compared and
     whether it holds. Targets whose rows were not run are left out."""
     rate = {name: _mean(rows, name, "success_rate") for name in {row["name"] for row in rows}}
-    lower = {name: _mean([r | {"lower": r["ci95"][0]} for r in rows], name, "lower") for name in rate}
+    with_lower = [row | {"lower": row["ci95"][0]} for row in rows]
+    lower = {name: _mean(with_lower, name, "lower") for name in rate}
     targets = []
 
     def target(key: str, says: str, holds: bool, numbers: str) -> None:

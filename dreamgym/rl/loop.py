@@ -372,8 +372,9 @@ def _train_rl(
                         task.task_id, [e.episode_return(config.reward) for e in group], [e.won for e in group]
                     )
             rows = [row for env in envs if isinstance(env, DreamEnv) for row in env.take_transitions()]
-            synthetic += sum(1 for e in episodes if not e.real for _ in e.decisions)
-            recalled += _recalled_steps(envs) - recalled_before
+            dreamt = sum(1 for e in episodes if not e.real for _ in e.decisions)
+            recalled_now = _recalled_steps(envs) - recalled_before
+            synthetic, recalled = synthetic + dreamt, recalled + recalled_now
             if rows and on_transitions is not None:
                 on_transitions(rows)
             checked = gap_metrics(episodes, real_check(policy, tasks, epoch)) if real_check is not None else {}
@@ -389,6 +390,8 @@ def _train_rl(
                 "real_transitions": float(budget.used),
                 "synthetic_transitions": float(synthetic),
                 "recalled_transitions": float(recalled),
+                # the epoch's DreamEnv steps answered with a recorded real outcome (rl.recall_real)
+                **({"recalled_share": recalled_now / dreamt} if dreamt else {}),
                 **checked,
                 **curriculum.metrics(),
                 "epoch_seconds": time.perf_counter() - epoch_started,
