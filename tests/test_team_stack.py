@@ -95,6 +95,23 @@ def _task_state(task_name: str) -> str | None:
     return states[-1] if states else None
 
 
+def _descendants(pid: int) -> list[str]:
+    """The command lines of every process below `pid`."""
+    parents, lines = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            lines[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended while it was read
+    below, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        below += children
+        frontier = children
+    return [lines[child] for child in below]
+
+
 def _flow_run(flow_run_id):
     from prefect import get_client
 
@@ -163,6 +180,10 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
             time.sleep(2)
     worker_log = stack.log_path("prefect-worker").read_text(errors="replace")
     assert finished.state.is_completed(), f"{finished.state}\n{_logs_tail(stack)}"
+    # The MLflow server runs without MLflow's GenAI job runner (its huey consumers), which no
+    # dreamgym run submits to.
+    serving = _descendants(stack.pid("mlflow"))
+    assert serving and not [line for line in serving if "mlflow.server.jobs" in line], serving
     # ... run by the worker, from the deployment.
     assert finished.deployment_id is not None and finished.work_pool_name == stack.settings.work_pool
     assert str(finished.id) in worker_log
