@@ -195,6 +195,27 @@ def test_a_real_budget_stops_the_run_and_is_never_exceeded(one_room_game, warm_s
     assert "success_rate" not in result.history[-1]
 
 
+def test_a_real_budget_smaller_than_an_epoch_is_spent_on_episodes_that_finish(one_room_game, warm_start, tmp_path):
+    """Four groups of 8 side by side would take 90 real transitions 3 steps each and cut them
+    all (sim-to-real's N/10 learnt from nothing so); one group, whose 8 episodes need at most 80
+    transitions, is played instead, and learnt from."""
+    config = dataclasses.replace(TINY_RL, epochs=50, real_budget=90)
+    curriculum = Curriculum([load_task(one_room_game)], CurriculumConfig(enabled=False, tasks_per_epoch=4), seed=0)
+    result = train_rl(
+        warm_start,
+        lambda slot: TextWorldEnv(config.max_steps),
+        curriculum,
+        config,
+        tmp_path / "small",
+        seed=0,
+        real_budget=config.real_budget,
+        progress=False,
+    )
+    first = result.history[0]
+    assert (first["episodes"], first["cut_episodes"]) == (8, 0) and first["real_transitions"] <= 80
+    assert result.real_transitions == 90
+
+
 class _NoModel:
     """Dynamics that predict nothing (every query fails, which changes nothing in DreamEnv): behind
     `RecallingDynamics`, only the recorded real steps move an episode on."""

@@ -392,6 +392,17 @@ def test_unlimited_real_budget():
     budget = RealBudget(None)
     assert budget.take(1000) == 1000 and budget.take(7) == 7
     assert budget.used == 1007 and not budget.exhausted
+    assert budget.groups_that_fit(8, 4, 50.0) == 8
+
+
+def test_an_epoch_near_the_end_of_the_real_budget_plays_the_groups_it_can_finish():
+    budget = RealBudget(1000)
+    assert budget.groups_that_fit(8, 4, 20.0) == 8  # 8 groups of 4 at 20 steps: 640 of 1,000
+    budget.take(648)
+    assert budget.groups_that_fit(8, 4, 20.25) == 4  # 352 left: 4 groups of ~81
+    budget.take(300)
+    assert budget.groups_that_fit(8, 4, 20.25) == 1  # 52 left: less than a group, but one is played
+    assert RealBudget(20).groups_that_fit(8, 4, 0.0) == 5  # a mean of 0 steps counts as 1
 
 
 # --- collapse warnings --------------------------------------------------------------------------

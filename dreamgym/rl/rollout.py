@@ -47,6 +47,15 @@ class RealBudget:
     def exhausted(self) -> bool:
         return self.limit is not None and self.used >= self.limit
 
+    def groups_that_fit(self, drawn: int, group_size: int, episode_steps: float) -> int:
+        """How many of an epoch's `drawn` task groups to play: all while the budget is unlimited or
+        covers them at `episode_steps` per episode, else as many as it covers, and at least one (a
+        budget smaller than one group is still spent, though the budget may cut that group)."""
+        if self.limit is None:
+            return drawn
+        fitting = int((self.limit - self.used) // (group_size * max(episode_steps, 1.0)))
+        return max(1, min(drawn, fitting))
+
 
 @dataclass
 class Episode:
