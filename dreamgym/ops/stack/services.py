@@ -168,8 +168,8 @@ def stack_services(
                     settings, "mlflow", settings.mlflow_db_password.value, "mlflow"
                 ),
                 # MLflow 3's job runner serves only its GenAI jobs (scorers, evaluation, prompt
-                # optimisation), which dreamgym never submits: off, it is not a job runner and six
-                # huey consumers, each importing MLflow, at every start of the server.
+                # optimisation), which dreamgym never submits: off, no job runner and huey consumers,
+                # each importing MLflow, at every start of the server.
                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             },
             health_url=f"{mlflow_url(settings)}/health",
