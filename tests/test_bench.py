@@ -1,6 +1,7 @@
 """`dreamgym bench` end to end on a tiny budget: every row's numbers come from real runs."""
 
 import json
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -73,6 +74,10 @@ def test_bench_rows_come_from_real_runs(tmp_path, project_games, prefect_server,
     # Its DreamEnv phase is DreamGym's run, shared (the real budgets are not part of it).
     assert s2r["synthetic_transitions"] == by_name["dreamgym-grpo"]["synthetic_transitions"]
     assert s2r["train_seconds"] > by_name["dreamgym-grpo"]["train_seconds"], "S2R's real phase counts too"
+    # ... and that phase learnt from episodes its 4 real transitions finished (two groups side by
+    # side would take 8: before 732bbea the budget cut them all and the phase taught nothing).
+    [real_epoch, *_] = json.loads((Path(s2r["policy_dir"]) / "result.json").read_text())["history"]
+    assert real_epoch["episodes"] > 0 and real_epoch["cut_episodes"] == 0, real_epoch
     # The ablation trained its own experience model (no retrieval) and its own policy from it.
     assert by_name["no-retrieval"]["policy_dir"] != by_name["dreamgym-grpo"]["policy_dir"]
     assert by_name["no-retrieval"]["synthetic_transitions"] > 0
