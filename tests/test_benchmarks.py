@@ -130,7 +130,9 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
     bundle, held_out = tmp / "bundle", project / "outputs" / "experience" / "fidelity_real.parquet"
     [model_dir] = (project / "outputs" / "experience").glob("model-*/model")
     dream_run = sorted((project / "outputs" / "policy").glob("rl-*-dream-*"))[0].name
-    experience, synthetic, live, replayed, scaling, rl, divergence = run_benchmarks(
+    tables = sorted((project / "outputs" / "policy").glob("eval-*.episodes.csv"))
+    games = [arg for folder in sorted((project / "data" / "games").iterdir()) for arg in ("--games", str(folder))]
+    experience, synthetic, live, replayed, scaling, rl, divergence, failures = run_benchmarks(
         [
             (
                 "experience.py",
@@ -176,6 +178,8 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
             ),
             # The dream's episodes, written back by the project's RL run, replayed in their real games.
             ("dream_divergence.py", ["--params", params, "--run", dream_run], None),
+            # How the project's evaluated policies lost their games.
+            ("failure_modes.py", [*map(str, tables), *games, "--json", str(tmp / "fails.json")], tmp / "fails.json"),
         ],
         cwd=project,
     )  # fmt: skip
@@ -197,6 +201,39 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
     # (The tiny model's dream may write nothing back: test_a_dream_episode_is_followed_... below replays one.)
     assert divergence["run"] == dream_run and sum(divergence["outcomes"].values()) == divergence["replayed"]
     assert sum(divergence["parted_at_verb"].values()) == divergence["outcomes"].get("parted", 0)
+    assert len(tables) >= 2 and list(failures["tables"]) == list(map(str, tables))
+    for table in failures["tables"].values():
+        assert sum(table["endings"].values()) == table["episodes"] > 0
+        assert table["wins"] == table["endings"].get("won", 0)
+
+
+RECIPE = (
+    "You are hungry! Let's cook a delicious meal. Check the cookbook in the kitchen for the recipe. Once done, "
+    "enjoy your meal! Recipe: ingredients: carrot, white tuna. directions: dice the carrot; fry the carrot; "
+    "slice the white tuna; roast the white tuna; prepare meal."
+)  # a headroom game's, as `load_task` reads it
+
+
+@pytest.mark.parametrize(
+    ("actions", "won", "truncated", "expected"),
+    [
+        (["take carrot", "prepare meal", "eat meal"], True, False, "won"),
+        (["go east", "go west"], False, True, "out of steps"),
+        (["take carrot", "cook carrot with oven"], False, False, "cook: the wrong appliance to fry"),
+        (["cook white tuna with stove"], False, False, "cook: the wrong appliance to roast"),
+        (["cook carrot with stove", "cook carrot with stove"], False, False, "cook: again"),
+        (["take carrot", "chop carrot with knife"], False, False, "cut: the wrong cut"),
+        (["dice carrot with knife", "dice carrot with knife"], False, False, "cut: again"),
+        (["cook red onion with stove"], False, False, "cook: not an ingredient"),
+        (["take carrot", "eat carrot"], False, False, "eat: an ingredient"),
+        (["drop carrot"], False, False, "other: drop"),
+    ],
+)
+def test_a_lost_game_is_judged_by_its_last_step_against_the_recipe(actions, won, truncated, expected, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from failure_modes import ending
+
+    assert ending(actions, won, truncated, RECIPE) == expected
 
 
 def test_a_dream_episode_is_followed_in_its_real_game_until_the_step_that_differs(
