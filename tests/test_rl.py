@@ -97,8 +97,10 @@ def parameters(policy_dir: Path) -> list[torch.Tensor]:
     return [p.detach().clone() for p in load_policy(policy_dir).model.parameters()]
 
 
-def real_run(game: Path, start: Path, out: Path, config: RLConfig = TINY_RL, **kwargs):
-    curriculum = Curriculum([load_task(game)], ONE_TASK, seed=0)
+def real_run(
+    game: Path, start: Path, out: Path, config: RLConfig = TINY_RL, tasks: CurriculumConfig = ONE_TASK, **kwargs
+):
+    curriculum = Curriculum([load_task(game)], tasks, seed=0)
     return train_rl(
         start,
         lambda slot: TextWorldEnv(config.max_steps),
@@ -200,17 +202,8 @@ def test_a_real_budget_smaller_than_an_epoch_is_spent_on_episodes_that_finish(on
     all (sim-to-real's N/10 learnt from nothing so); one group, whose 8 episodes need at most 80
     transitions, is played instead, and learnt from."""
     config = dataclasses.replace(TINY_RL, epochs=50, real_budget=90)
-    curriculum = Curriculum([load_task(one_room_game)], CurriculumConfig(enabled=False, tasks_per_epoch=4), seed=0)
-    result = train_rl(
-        warm_start,
-        lambda slot: TextWorldEnv(config.max_steps),
-        curriculum,
-        config,
-        tmp_path / "small",
-        seed=0,
-        real_budget=config.real_budget,
-        progress=False,
-    )
+    four_groups = CurriculumConfig(enabled=False, tasks_per_epoch=4)  # the one task, drawn 4 times
+    result = real_run(one_room_game, warm_start, tmp_path / "small", config, four_groups)
     first = result.history[0]
     assert (first["episodes"], first["cut_episodes"]) == (8, 0) and first["real_transitions"] <= 80
     assert result.real_transitions == 90

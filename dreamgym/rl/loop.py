@@ -200,7 +200,7 @@ def _update(
 
 
 def _episode_steps(history: Sequence[dict[str, float]], config: RLConfig) -> float:
-    """The run's latest mean episode length (from its last whole epoch), else the longest one."""
+    """The run's latest mean episode length (from its last whole epoch), else the most one may take."""
     known = [metrics["steps_mean"] for metrics in history if "steps_mean" in metrics]
     return known[-1] if known else float(config.max_steps)
 
