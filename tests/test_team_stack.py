@@ -100,10 +100,11 @@ def _descendants(pid: int) -> list[str]:
     parents, lines = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            lines[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # after the name: state, then ppid
+            line = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError, IndexError):
             continue  # a process that ended while it was read
+        parents[int(stat.parent.name)], lines[int(stat.parent.name)] = parent, line
     below, frontier = [], [pid]
     while frontier:
         children = [child for child, parent in parents.items() if parent in frontier]
