@@ -24,10 +24,9 @@ from pathlib import Path
 from common import machine
 
 from dreamgym.envs.real import list_games, load_task
-from dreamgym.envs.textworld.cooking import TextWorldCooking
+from dreamgym.envs.textworld.cooking import TextWorldCooking, direction_of
 
-COOK, CUT = "cook {} with stove", "slice {} with knife"  # a template of each family of directions
-CUTS = ("slice", "dice", "chop")
+COOKING = TextWorldCooking()
 
 
 def ending(actions: list[str], won: bool, truncated: bool, instruction: str) -> str:
@@ -37,25 +36,21 @@ def ending(actions: list[str], won: bool, truncated: bool, instruction: str) -> 
     if truncated or not actions:
         return "out of steps"
     last = actions[-1]
-    verb, *words = last.split()
-    if verb == "eat":
+    if last.split()[0] == "eat":
         return "eat: the meal" if last == "eat meal" else "eat: an ingredient"
-    if verb != "cook" and verb not in CUTS:
-        return f"other: {verb}"
-    family, kind = (COOK, "cook") if verb == "cook" else (CUT, "cut")
-    item = " ".join(words[: words.index("with")]) if "with" in words else " ".join(words)
-    directions = TextWorldCooking().directions(instruction)
-    asked = [(wanted, forms) for wanted, name, forms in directions if name == item and family in forms.values()]
+    carried = direction_of(last)  # (verb, item, family) of a cook or a cut
+    if carried is None:
+        return f"other: {last.split()[0]}"
+    verb, item, family = carried
+    kind = "cook" if last.startswith("cook ") else "cut"
+    directions = COOKING.directions(instruction)
+    asked = [wanted for wanted, name, its_family in directions if name == item and its_family is family]
     if not asked:
         in_recipe = any(name == item for _, name, _ in directions)
         return f"{kind}: the recipe does not {kind} it" if in_recipe else f"{kind}: not an ingredient"
-    wanted, forms = asked[0]
-    if forms[wanted].format(item) != last:
-        return f"cook: the wrong appliance to {wanted}" if kind == "cook" else "cut: the wrong cut"
-    done_before = any(
-        earlier.split()[0] in (("cook",) if kind == "cook" else CUTS) and f" {item} with " in earlier
-        for earlier in actions[:-1]
-    )
+    if asked[0] != verb:
+        return f"cook: the wrong appliance to {asked[0]}" if kind == "cook" else "cut: the wrong cut"
+    done_before = any((earlier := direction_of(action)) and earlier[1:] == (item, family) for action in actions[:-1])
     return f"{kind}: {'again' if done_before else 'as asked, yet lost'}"
 
 
