@@ -64,7 +64,10 @@ class RLConfig:
     update_epochs: Annotated[int, described("Passes over each epoch's rollouts.", ge=1)] = 2
     minibatch_size: Annotated[int, described("Decisions per gradient step.", ge=1)] = 64
     clip: Annotated[float, described("ε of the clipped probability ratio (and of PPO's value clip).", gt=0, lt=1)] = 0.2
-    kl_coef: Annotated[float, described("β: weight of KL(policy || reference BC policy).", ge=0)] = 0.05
+    # 0.05 let the dream's 10K synthetic transitions draw the policy away from BC, to a game the
+    # experience model imagines: -6 and -10 held-out headroom games of 100; at 0.5, -1 and +2
+    # (results log, 2026-12-06, evening).
+    kl_coef: Annotated[float, described("β: weight of KL(policy || reference BC policy).", ge=0)] = 0.5
     entropy_coef: Annotated[float, described("Weight of the entropy bonus.", ge=0)] = 0.01
     gamma: Annotated[float, described("Discount γ of PPO's GAE.", ge=0, le=1)] = 0.99
     lam: Annotated[float, described("PPO GAE λ.", ge=0, le=1)] = 0.95
