@@ -219,32 +219,38 @@ class _NoModel:
         return [Prediction(None, "", 1, error="no model") for _ in queries]
 
 
+def recorded_dream(game: Path, out: Path, noise: float, episodes: int):
+    """The recorded noisy-expert episodes of `game` (rows) and dynamics that answer only their steps."""
+    from dreamgym.envs.recall import RecallingDynamics
+
+    settings = CollectionSettings("noisy-expert", noise, episodes, seed=0, max_steps=MAX_STEPS)
+    recorded = collect([game], out / "recorded.parquet", settings, workers=1, progress=False)
+    rows = read_transitions(recorded.path).to_pylist()
+    return rows, RecallingDynamics(_NoModel(), rows)
+
+
+def dream_run(start: Path, rows: list, dynamics, config: RLConfig, out: Path, **kwargs):
+    from dreamgym.envs.dream_env import DreamEnv
+    from dreamgym.experience.variations import seed_tasks
+
+    return train_rl(
+        start,
+        lambda slot: DreamEnv(dynamics, MAX_STEPS, slot=slot, policy="test"),
+        Curriculum(seed_tasks(rows), ONE_TASK, seed=0),  # DreamEnv starts from the recorded first state
+        config,
+        out,
+        seed=0,
+        progress=False,
+        **kwargs,
+    )
+
+
 def test_a_synthetic_budget_ends_a_dream_run_between_epochs_and_recalled_steps_are_counted(
     one_room_game, warm_start, tmp_path
 ):
-    from dreamgym.envs.dream_env import DreamEnv
-    from dreamgym.envs.recall import RecallingDynamics
-    from dreamgym.experience.variations import seed_tasks
-
-    recorded = collect(
-        [one_room_game],
-        tmp_path / "recorded.parquet",
-        CollectionSettings("noisy-expert", 0.3, 4, seed=0, max_steps=MAX_STEPS),
-        workers=1,
-        progress=False,
-    )
-    rows = read_transitions(recorded.path).to_pylist()
-    recalling = RecallingDynamics(_NoModel(), rows)
+    rows, recalling = recorded_dream(one_room_game, tmp_path, noise=0.3, episodes=4)
     config = dataclasses.replace(TINY_RL, env="dream", epochs=50, synthetic_budget=150)
-    result = train_rl(
-        warm_start,
-        lambda slot: DreamEnv(recalling, MAX_STEPS, slot=slot, policy="test"),
-        Curriculum(seed_tasks(rows), ONE_TASK, seed=0),  # DreamEnv starts from the recorded first state
-        config,
-        tmp_path / "dream",
-        seed=0,
-        progress=False,
-    )
+    result = dream_run(warm_start, rows, recalling, config, tmp_path / "dream")
     spent = [epoch["synthetic_transitions"] for epoch in result.history]
     # Whole epochs: the first that ends past the budget is the last (synthetic steps are cheap).
     assert 1 < len(spent) < 50 and spent[-2] < 150 <= spent[-1] == result.synthetic_transitions
@@ -253,6 +259,36 @@ def test_a_synthetic_budget_ends_a_dream_run_between_epochs_and_recalled_steps_a
     # counted; the rest failed (no model) and counted as synthetic steps too.
     assert 0 < result.recalled_transitions == recalling.recalled <= result.synthetic_transitions
     assert result.history[-1]["recalled_transitions"] == result.recalled_transitions
+
+
+def test_the_dream_is_checked_in_the_real_game_on_every_kth_epoch_only(one_room_game, warm_start, tmp_path):
+    """`rl.real_check_every`: the dream-vs-real gap's real episodes are played on epochs 0, k, 2k...
+    (ScienceWorld's real games are slow: a check every epoch took ~30% of a dream run); 0: never."""
+    from dreamgym.rl.monitor import RealCheck
+
+    rows, recalling = recorded_dream(one_room_game, tmp_path, noise=0.0, episodes=2)
+    played = []
+
+    class CountedCheck(RealCheck):
+        def __call__(self, policy, tasks, epoch):
+            episodes = super().__call__(policy, tasks, epoch)
+            played.append((epoch, len(episodes)))
+            return episodes
+
+    def checked_run(every: int, out: str):
+        config = dataclasses.replace(TINY_RL, env="dream", epochs=5, real_check_every=every)
+        check = CountedCheck(lambda: TextWorldEnv(MAX_STEPS), lambda task: load_task(one_room_game), 8, 0.5, seed=0)
+        return dream_run(warm_start, rows, recalling, config, tmp_path / out, real_check=check)
+
+    result = checked_run(2, "every-2")
+    assert played == [(0, 8), (2, 8), (4, 8)]
+    checked = [epoch for epoch in result.history if "dream_real_gap" in epoch]
+    assert [int(epoch["epoch"]) for epoch in checked] == [0, 2, 4]
+    assert all(epoch["real_check_transitions"] >= 8 for epoch in checked)
+    assert result.real_transitions == 0  # measured, never learnt from nor counted as spent
+    played.clear()
+    never = checked_run(0, "never")
+    assert played == [] and not any("dream_real_gap" in epoch for epoch in never.history)
 
 
 @pytest.mark.long

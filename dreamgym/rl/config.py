@@ -100,6 +100,15 @@ class RLConfig:
             ge=0,
         ),
     ] = 0
+    real_check_every: Annotated[
+        int,
+        described(
+            "env dream: play the tasks of every k-th epoch (from the first) in their real games too, for the "
+            "dream-vs-real gap (dreamgym/rl/monitor.py; measured, never learnt from); 0: never. Where the "
+            "real game is slow, a check every epoch costs a dream run much of its time.",
+            ge=0,
+        ),
+    ] = 1
     write_back: Annotated[bool, described("Write DreamEnv's synthetic transitions into the buffer.")] = True
     recall_real: Annotated[
         bool,

@@ -389,7 +389,8 @@ def _train_rl(
             synthetic, recalled = synthetic + dreamt, recalled + recalled_now
             if rows and on_transitions is not None:
                 on_transitions(rows)
-            checked = gap_metrics(episodes, real_check(policy, tasks, epoch)) if real_check is not None else {}
+            checks_now = real_check is not None and config.real_check_every and epoch % config.real_check_every == 0
+            checked = gap_metrics(episodes, real_check(policy, tasks, epoch)) if checks_now else {}
             samples = algorithm.samples(episodes, policy)
             update = _update(
                 policy, reference, algorithm, samples, optimizer, config, random.Random(seed * 100_003 + epoch)
