@@ -168,7 +168,7 @@ def bench(
         held_out=held_out,
         synthetic_budget=synthetic_budget,
     )
-    Console(soft_wrap=True).print(markdown(results, check_targets(results)), markup=False)
+    Console(soft_wrap=True).print(markdown(results, check_targets(results, config.bench)), markup=False)
 
 
 @app.command()

@@ -9,6 +9,7 @@ help text on every field (`dreamgym.sections` says how they are declared):
     policy                            dreamgym/policy/config.py
     rl, curriculum                    dreamgym/rl/config.py
     evaluation, promotion, compute    dreamgym/ops/config.py
+    bench                             dreamgym/ops/config.py (the targets of `dreamgym bench`)
     games                             dreamgym/envs/textworld/config.py (TextWorld cooking's)
     scienceworld                      dreamgym/envs/scienceworld/config.py
 
@@ -35,7 +36,7 @@ from dreamgym.envs.scienceworld.config import ScienceWorldConfig
 from dreamgym.envs.textworld.config import MAX_SEED, GamesConfig
 from dreamgym.errors import ConfigError
 from dreamgym.experience.config import ExperienceConfig
-from dreamgym.ops.config import ComputeConfig, EvaluationConfig, PromotionConfig
+from dreamgym.ops.config import BenchConfig, ComputeConfig, EvaluationConfig, PromotionConfig
 from dreamgym.policy.config import PolicyConfig
 from dreamgym.rl.config import CurriculumConfig, RLConfig
 from dreamgym.sections import MEMORY_SIZE, STRICT, described
@@ -78,6 +79,7 @@ class PipelineConfig:
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
     evaluation: EvaluationConfig = dataclasses.field(default_factory=EvaluationConfig)
     promotion: PromotionConfig = dataclasses.field(default_factory=PromotionConfig)
+    bench: BenchConfig = dataclasses.field(default_factory=BenchConfig)
     compute: ComputeConfig = dataclasses.field(default_factory=ComputeConfig)
     scienceworld: ScienceWorldConfig = dataclasses.field(default_factory=ScienceWorldConfig)
 

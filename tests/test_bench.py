@@ -166,6 +166,17 @@ def test_plan_and_targets():
     held_back = {t["id"]: t["holds"] for t in check_targets([row("bc", 0.7, 0.6), row("real-grpo-10n", 0.75, 0.65)])}
     assert held_back == {"room": False, "rl-works": False}, "a BC at 70% leaves no room; +5 points is not +10"
 
+    # A preset states its own targets: ScienceWorld's (issue 72) ask BC to act and DreamGym to keep
+    # up with it, and set no headroom; the target's text says what was asked.
+    from dreamgym.config import load_config
+
+    preset = load_config(Path(__file__).resolve().parents[1] / "params-scienceworld.yaml").bench
+    measured = [row("bc", 0.633, 0.51), row("real-grpo-10n", 0.62, 0.5), row("dreamgym-grpo", 0.6, 0.47)]
+    scienceworld = {t["id"]: t for t in check_targets(measured, preset)}
+    assert {key: t["holds"] for key, t in scienceworld.items()} == {"bc-acts": True, "dream-gain": False}
+    assert scienceworld["dream-gain"]["target"] == "DreamGym (0 real transitions) >= BC"
+    assert scienceworld["bc-acts"]["target"].startswith("BC >= 50%")
+
     # The table shows how many synthetic steps were recalled real ones, and the dream-vs-real gap.
     dream = row("dreamgym-grpo", 0.4, 0.3) | {
         "seed": 0, "wins": 40, "episodes": 100, "mean_return": 1.0, "real_transitions": 0,

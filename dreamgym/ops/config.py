@@ -56,6 +56,36 @@ class PromotionConfig:
     ] = 0.05
 
 
+@dataclass(config=STRICT)
+class BenchConfig:
+    """The targets `dreamgym bench` checks its rows against (dreamgym/ops/benchmark.py): each preset
+    states its benchmark's own. The paper's claims in kind (DreamGym >= real GRPO at N, sim-to-real,
+    the ablations) are checked on every preset."""
+
+    bc_at_most: Annotated[
+        float | None,
+        described(
+            "BC's held-out success at most this (0-1): the games leave room to learn; null: not a target.", ge=0, le=1
+        ),
+    ] = 0.6
+    bc_at_least: Annotated[
+        float | None,
+        described("BC's held-out success at least this (0-1): the agent acts; null: not a target.", ge=0, le=1),
+    ] = None
+    dream_gain: Annotated[
+        float,
+        described("DreamGym (0 real transitions) at least this many success points (0-1) above BC.", ge=-1, le=1),
+    ] = 0.1
+    real_gain: Annotated[
+        float | None,
+        described(
+            "Real-env GRPO at 10N at least this many success points (0-1) above BC (RL works); null: not a target.",
+            ge=-1,
+            le=1,
+        ),
+    ] = 0.1
+
+
 # What `compute.ray_address` accepts: Ray's own address forms (ray.init's `address`).
 _RAY_ADDRESS = re.compile(r"local|auto|(ray://)?[\w.-]+:\d{1,5}")
 
