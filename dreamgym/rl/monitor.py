@@ -6,7 +6,8 @@ success in the real game does not. `RealCheck` plays the tasks an epoch drew in 
 (those that have one: seed tasks and `games` variations, not variations written as text), with the same policy,
 temperature and group size as the dream rollouts, so that the two success rates compare like with
 like. These real transitions are measurements, never learned from: they are logged per epoch
-(`real_check_transitions`) apart from any real-transition budget.
+(`real_check_transitions`) apart from any real-transition budget. The loop checks every
+`rl.real_check_every`-th epoch: where the real game is slow (ScienceWorld), every epoch is costly.
 """
 
 from __future__ import annotations
