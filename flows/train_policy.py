@@ -260,7 +260,7 @@ def dream_rl_task(
             get_run_logger().info("write-back: %d synthetic transitions, %d new", len(rows), written.inserted)
 
         real_check = None
-        if train_games_dir is not None and config.rl.real_check_every:
+        if train_games_dir is not None:
             game_of = {game.stem: game for game in [*games_if_any(train_games_dir), *task_games]}
 
             def real_task(task):  # a seed's game, or the real game a `games` variation is

@@ -247,8 +247,8 @@ def train_rl(
     `curriculum` draws each epoch's tasks (its state is checkpointed); `real_budget` caps the real
     transitions (None: no cap, for synthetic environments). `on_epoch` gets each epoch's metrics
     (e.g. to log them); `on_transitions` gets DreamEnv's synthetic transitions (the write-back);
-    `real_check` plays each epoch's tasks in their real games too, for the dream-vs-real gap
-    (`dreamgym.rl.monitor`; measured, never learned from).
+    `real_check` plays the tasks of every `config.real_check_every`-th epoch in their real games
+    too, for the dream-vs-real gap (`dreamgym.rl.monitor`; measured, never learned from).
     """
     with progress_bars(False):  # transformers' bars on every checkpoint save and load are noise here
         try:
