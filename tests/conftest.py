@@ -207,22 +207,36 @@ def prefect_server(tmp_path_factory):
         yield
 
 
-@pytest.fixture
-def mlflow_tracking(tmp_path, monkeypatch) -> str:
-    """A private MLflow store (SQLite) for one test."""
+@contextmanager
+def tracking_store(path: Path) -> Iterator[str]:
+    """MLflow tracking into the SQLite store at `path` while the block runs (the environment
+    variable too: subprocesses and the CLI read it)."""
     import mlflow
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    yield uri
-    mlflow.set_tracking_uri(None)
-    # set_experiment (the CLI calls it) remembers the experiment id process-wide (and in
-    # MLFLOW_EXPERIMENT_ID); a later test with another store would start runs in an id it lacks.
     import mlflow.tracking.fluent
 
-    mlflow.tracking.fluent._active_experiment_id = None
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+    uri = f"sqlite:///{path}"
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        mlflow.set_tracking_uri(None)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+        # set_experiment (the CLI calls it) remembers the experiment id process-wide (and in
+        # MLFLOW_EXPERIMENT_ID); a later test with another store would start runs in an id it lacks.
+        mlflow.tracking.fluent._active_experiment_id = None
+        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+
+
+@pytest.fixture
+def mlflow_tracking(tmp_path) -> Iterator[str]:
+    """A private MLflow store (SQLite) for one test."""
+    with tracking_store(tmp_path / "mlflow.db") as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The parent flow end to end on a tiny budget: real games, embedded Postgres, tiny models, MLflow
 lineage and registry, Prefect task caching."""
 
+import dataclasses
 import datetime
 import json
 import py_compile
@@ -11,18 +12,42 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
-from conftest import write_params
+from conftest import tracking_store, write_params
 from mlflow.tracking import MlflowClient
 from test_benchmarks import smoke_project_benchmarks
 from test_ingest_flow import TINY, TINY_EXPERIENCE, TINY_POLICY_FLOW, make_project
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW}
+# RL long enough (3 epochs of a few seconds) to be killed between two checkpoints.
+KILLABLE = {**OVERRIDES, "rl.epochs": 3, "rl.max_steps": 8}
 
 
-@pytest.fixture
-def project(tmp_path, project_games) -> Path:
-    return make_project(tmp_path, project_games)
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    project: Path
+    store: Path  # its MLflow store
+    result: object  # flows.pipeline.pipeline's
+    metrics: dict[str, float]  # of the pipeline's MLflow run, as it ended
+    policy_metrics: dict[str, float]  # of its policy stage's run
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, project_games, prefect_server) -> FinishedRun:
+    """One uninterrupted tiny run of KILLABLE's parameters (written into its params.yaml), in a
+    project and an MLflow store of its own, made once: the lineage test reads it and re-runs it; a
+    killed and resumed run must end as it did. (A second fresh run of the same seed cost the suite
+    a minute.)"""
+    from flows.pipeline import pipeline
+
+    root = tmp_path_factory.mktemp("finished")
+    project = make_project(root / "project", project_games)
+    with tracking_store(root / "mlflow.db"):
+        result = pipeline(str(write_params(project, KILLABLE)))
+        client = MlflowClient()
+        metrics = client.get_run(result.mlflow_run_id).data.metrics
+        policy_metrics = client.get_run(result.policy.mlflow_run_id).data.metrics
+    return FinishedRun(project, root / "mlflow.db", result, metrics, policy_metrics)
 
 
 def _task_states(since: datetime.datetime) -> dict[str, set[str]]:
@@ -69,12 +94,16 @@ def _buffer_rows(project: Path) -> int:
         return connection.execute(text("SELECT count(*) FROM transitions")).scalar()
 
 
-def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server, mlflow_tracking):
+def test_pipeline_lineage_registry_and_versioned_reruns(finished):
+    with tracking_store(finished.store):
+        _check_lineage_registry_and_reruns(finished.project, finished.result)
+
+
+def _check_lineage_registry_and_reruns(project: Path, first) -> None:
     from dreamgym.ops.lineage import lineage
     from flows.pipeline import pipeline
 
     params = str(project / "params.yaml")
-    first = pipeline(params, OVERRIDES)
     client = MlflowClient()
 
     # One parent run, a nested run per stage; each records the full config and the dataset.
@@ -89,7 +118,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     }
     data_md5 = first.ingest.data_md5
     for run in [parent, *children]:
-        assert run.data.params["rl.epochs"] == "1" and run.data.params["seed"] == "0", run.info.run_name
+        assert run.data.params["rl.epochs"] == "3" and run.data.params["seed"] == "0", run.info.run_name
         assert [i.dataset.digest for i in run.inputs.dataset_inputs] == [data_md5], run.info.run_name
         assert run.data.tags["git_commit"]
     # RL in DreamEnv practised the task of the 1 task game (games.task_count) of the headroom preset
@@ -116,7 +145,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
             mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="config/params.json")
         ).read_text()
     )
-    assert config["rl"]["epochs"] == 1 and config["experience"]["hidden_size"] == 64
+    assert config["rl"]["epochs"] == 3 and config["experience"]["hidden_size"] == 64
 
     # The new version is the challenger; the gate's decision is on its tags and in the run.
     version = client.get_model_version("dreamgym-policy", "2")
@@ -155,7 +184,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
     # An immediate re-run: every task a cache hit, no new rows, no new versions.
     rows = _buffer_rows(project)
     since = datetime.datetime.now(datetime.UTC)
-    second = pipeline(params, OVERRIDES)
+    second = pipeline(params)
     states = _task_states(since)
     assert states and all(names == {"Cached"} for names in states.values()), states
     assert _buffer_rows(project) == rows
@@ -176,7 +205,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
 
     # One RL parameter changed: RL, evaluation of the new policy and the gate run; nothing upstream.
     since = datetime.datetime.now(datetime.UTC)
-    third = pipeline(params, {**OVERRIDES, "rl.learning_rate": 0.002})
+    third = pipeline(params, {"rl.learning_rate": 0.002})
     states = _task_states(since)
     ran = {name for name, names in states.items() if names != {"Cached"}}
     # (record-dvc-stage: dvc.lock notes the policy stage's new params; the experience stage's is a hit.)
@@ -188,7 +217,7 @@ def test_pipeline_lineage_registry_and_versioned_reruns(project, prefect_server,
 
     # The benchmarks that read a finished project run on this one (benchmarks/ is a suite).
     [bc_policy] = (project / "outputs" / "policy").glob("bc-*/bc/model")
-    smoke_project_benchmarks(project, OVERRIDES, bc_policy, project / "outputs" / "bench-smoke")
+    smoke_project_benchmarks(project, KILLABLE, bc_policy, project / "outputs" / "bench-smoke")
 
 
 def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
@@ -200,17 +229,13 @@ def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
     pipeline.validate_parameters(deployment.get("parameters") or {})
 
 
-# RL long enough (3 epochs of a few seconds) to be killed between two checkpoints.
-KILLABLE = {**OVERRIDES, "rl.epochs": 3, "rl.max_steps": 8}
-
-
 def _timeless(keys: set[str]) -> set[str]:
     return {key for key in keys if not any(word in key for word in ("seconds", "per_second", "runtime"))}
 
 
 @pytest.mark.long
 def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
-    tmp_path, project_games, prefect_server, mlflow_tracking
+    tmp_path, project_games, prefect_server, finished, mlflow_tracking
 ):
     """Killed during RL then started again: no duplicated rows or versions, and the same metrics
     as an uninterrupted run of the same seed in another project (CPU runs are reproducible)."""
@@ -271,15 +296,14 @@ def test_a_run_killed_in_rl_resumes_and_ends_as_an_uninterrupted_run(
     assert process.pid not in users and all(_alive(pid) for pid in users), users
 
     # The same seed in a fresh project, uninterrupted: the same figures everywhere.
-    fresh = make_project(tmp_path / "fresh", project_games)
-    uninterrupted = pipeline(str(write_params(fresh, KILLABLE)))
-    first, second = (client.get_run(result.mlflow_run_id).data.metrics for result in (resumed, uninterrupted))
-    assert first == second and "eval_dreamgym_success_rate" in first
+    uninterrupted = finished.result
+    first = client.get_run(resumed.mlflow_run_id).data.metrics
+    assert first == finished.metrics and "eval_dreamgym_success_rate" in first
     # The RL curves' last values (the resumed run logged the epochs after the kill).
-    first, second = (client.get_run(result.policy.mlflow_run_id).data.metrics for result in (resumed, uninterrupted))
+    first = client.get_run(resumed.policy.mlflow_run_id).data.metrics
     learned = {key for key in first if key.startswith(("rl_", "eval_"))}
     assert learned and {key: first[key] for key in _timeless(learned)} == {
-        key: second[key] for key in _timeless(learned)
+        key: finished.policy_metrics[key] for key in _timeless(learned)
     }
     assert resumed.policy.evaluations[-1]["success_rate"] == uninterrupted.policy.evaluations[-1]["success_rate"]
 

@@ -275,13 +275,18 @@ def test_a_deployment_run_on_the_team_stack_survives_a_server_restart_and_shares
     # its BC (its own data version: the collection records its run) is version 3 and its RL policy
     # version 4; the gate measures it against the champion the team chose (version 2, approved by
     # hand as an operator does with `mlflow` aliases), not against BC, and does not crown its BC.
+    # Its games and evaluation run in its own process, not on the Ray head: the deployment run
+    # showed the fan-out, and a second Ray job's workers cost the suite their start.
     client.set_registered_model_alias("dreamgym-policy", "champion", "2")
     other = _checkout(tmp_path / "checkout-b", project_games)
     _write_overrides(other / "params.yaml", OVERRIDES)
+    from dreamgym.ops.stack.services import client_env as stack_client_env
+
+    without_ray = stack_client_env(stack.settings, stack.dir, with_ray=False)
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dreamgym"), "run"],
         cwd=other,
-        env={**env, "PREFECT_HOME": str(tmp_path / "prefect-b")},
+        env={**os.environ, **without_ray, "PREFECT_HOME": str(tmp_path / "prefect-b")},
         capture_output=True,
         text=True,
     )
