@@ -8,10 +8,10 @@ probability of the winning and of the losing move at that state among *all* the 
 epoch of GRPO with the defaults (KL 0.5 to the start, learning rate 1e-4), in two ways:
 
 - as built: the denied wave's decisions are learnt among the candidates left;
-- full set: those decisions are learnt among all the candidates (the denied move put back, the
-  probability it acted with recomputed there, so the clipped ratio starts at 1).
+- full set: those decisions are learnt among all the candidates (the moves denied at that state put
+  back, the probability it acted with recomputed there, so the clipped ratio starts at 1).
 
-    .venv/bin/python benchmarks/denied_update.py --json out.json [--epochs 10]
+    .venv/bin/python benchmarks/denied_update.py --json out.json [--epochs 10] [--temperature 1.0]
 """
 
 from __future__ import annotations
@@ -56,33 +56,31 @@ def warm_start(work: Path) -> Path:
     return train_bc(bc_examples(rows, WARM, kept), WARM, work / "bc", seed=0, kept=kept, progress=False).model_dir
 
 
-def full_set(policy: Policy, episodes: list[Episode]) -> list[Episode]:
-    """The episodes with each decision that was scored among fewer candidates than another
-    decision of the same prompt (a denied move left out) put back among all of them."""
-    widest: dict[str, Decision] = {}
-    for decision in (d for episode in episodes for d in episode.decisions):
-        wide = widest.get(decision.prompt)
-        if wide is None or len(decision.candidates) > len(wide.candidates):
-            widest[decision.prompt] = decision
-    out = []
+def full_set(policy: Policy, episodes: list[Episode]) -> tuple[list[Episode], int]:
+    """The episodes (one task's waves, in order) with each decision that was denied a move an
+    earlier wave lost by from the same state put back among all its candidates, the denied moves
+    included; and how many decisions that was."""
+    lost: dict[str, set[tuple[str, str]]] = {}  # state -> (candidate text, action) a wave lost by
+    out, put_back = [], 0
     for episode in episodes:
         decisions = []
-        for decision in episode.decisions:
-            wide = widest[decision.prompt]
-            if len(wide.candidates) > len(decision.candidates):
-                chosen = wide.candidates.index(decision.candidates[decision.chosen])
+        for state, decision in zip(episode.states, episode.decisions):
+            missing = sorted(move for move in lost.get(state, ()) if move[0] not in decision.candidates)
+            if missing:
+                candidates = decision.candidates + tuple(text for text, _ in missing)
+                actions = (decision.actions or decision.candidates) + tuple(action for _, action in missing)
                 with torch.no_grad():
-                    [logp], _ = policy.log_probs([decision.prompt], [wide.candidates])
+                    [logp], _ = policy.log_probs([decision.prompt], [candidates])
                 decision = dataclasses.replace(
-                    decision,
-                    candidates=wide.candidates,
-                    actions=wide.actions,
-                    chosen=chosen,
-                    logprob=float(logp[chosen]),
+                    decision, candidates=candidates, actions=actions, logprob=float(logp[decision.chosen])
                 )
+                put_back += 1
             decisions.append(decision)
         out.append(dataclasses.replace(episode, decisions=decisions))
-    return out
+        if episode.lost:
+            last = episode.decisions[-1]
+            lost.setdefault(episode.states[-1], set()).add((last.candidates[last.chosen], last.action))
+    return out, put_back
 
 
 def probabilities(policy: Policy, decision: Decision, moves: tuple[str, str]) -> list[float]:
@@ -92,8 +90,8 @@ def probabilities(policy: Policy, decision: Decision, moves: tuple[str, str]) ->
     return [round(float(logp[actions.index(move)].exp()), 4) for move in moves]
 
 
-def run(start: Path, game: Path, epochs: int, put_back: bool) -> dict:
-    config = RLConfig(env="real")
+def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float) -> dict:
+    config = RLConfig(env="real", temperature=temperature)
     policy, reference = load_policy(start), load_policy(start)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
     task = load_task(game)
@@ -117,21 +115,31 @@ def run(start: Path, game: Path, epochs: int, put_back: bool) -> dict:
     won = next(episode for episode in later if episode.won)
     won_by = won.decisions[[d.prompt for d in won.decisions].index(lost_at.prompt)].action
     moves = (won_by, lost_at.action)
-    curve = [probabilities(policy, lost_at, moves)]
+    curve, decisions_put_back, endings = [probabilities(policy, lost_at, moves)], 0, {"won": 0, "lost": 0, "other": 0}
     for epoch in range(epochs):
         episodes = waves(greedy=False)
+        for episode in episodes:
+            endings["won" if episode.won else "lost" if episode.lost else "other"] += 1
         if put_back:
-            episodes = full_set(policy, episodes)
+            episodes, count = full_set(policy, episodes)
+            decisions_put_back += count
         samples = GRPO(config).samples(episodes, policy)
         if samples:
             _update(policy, reference, GRPO(config), samples, optimizer, config, random.Random(epoch))
         curve.append(probabilities(policy, lost_at, moves))
-    return {"won_by": won_by, "lost_by": lost_at.action, "p_won_by_and_lost_by": curve}
+    return {
+        "won_by": won_by,
+        "lost_by": lost_at.action,
+        "p_won_by_and_lost_by": curve,
+        "decisions_put_back": decisions_put_back,
+        "sampled_episodes": endings,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--temperature", type=float, default=RLConfig().temperature, help="of the sampled waves")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -141,10 +149,15 @@ def main() -> None:
         plans = plan_games(dataclasses.replace(ONE_ROOM, cook=True, train_count=8), "train", 8, seed=3)
         games, _ = generate_games([plans[i] for i in (3, 5, 6)], work / "cook", workers=1, progress=False)
         report = {
-            game.name: {way: run(start, game, args.epochs, way == "full set") for way in ("as built", "full set")}
+            game.name: {
+                way: run(start, game, args.epochs, way == "full set", args.temperature)
+                for way in ("as built", "full set")
+            }
             for game in games
         }
-    args.json.write_text(json.dumps({"epochs": args.epochs, "games": report}, indent=1))
+    args.json.write_text(
+        json.dumps({"epochs": args.epochs, "temperature": args.temperature, "games": report}, indent=1)
+    )
     print(json.dumps(report))
 
 
