@@ -84,6 +84,7 @@ def full_set(policy: Policy, episodes: list[Episode]) -> tuple[list[Episode], in
 
 
 def probabilities(policy: Policy, decision: Decision, moves: tuple[str, str]) -> list[float]:
+    """The policy's probabilities of `moves` among the decision's candidates, at temperature 1."""
     with torch.no_grad():
         [logp], _ = policy.log_probs([decision.prompt], [decision.candidates])
     actions = decision.actions or decision.candidates
@@ -92,6 +93,7 @@ def probabilities(policy: Policy, decision: Decision, moves: tuple[str, str]) ->
 
 def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float) -> dict:
     config = RLConfig(env="real", temperature=temperature)
+    algorithm = GRPO(config)
     policy, reference = load_policy(start), load_policy(start)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
     task = load_task(game)
@@ -123,9 +125,9 @@ def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float
         if put_back:
             episodes, count = full_set(policy, episodes)
             decisions_put_back += count
-        samples = GRPO(config).samples(episodes, policy)
-        if samples:
-            _update(policy, reference, GRPO(config), samples, optimizer, config, random.Random(epoch))
+        samples = algorithm.samples(episodes, policy)
+        if samples:  # the loop's own update step (rl/loop.py), as train_rl applies it each epoch
+            _update(policy, reference, algorithm, samples, optimizer, config, random.Random(epoch))
         curve.append(probabilities(policy, lost_at, moves))
     return {
         "won_by": won_by,
