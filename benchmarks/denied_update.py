@@ -56,10 +56,11 @@ def warm_start(work: Path) -> Path:
     return train_bc(bc_examples(rows, WARM, kept), WARM, work / "bc", seed=0, kept=kept, progress=False).model_dir
 
 
-def full_set(policy: Policy, episodes: list[Episode]) -> tuple[list[Episode], int]:
+def full_set(policy: Policy, episodes: list[Episode], temperature: float) -> tuple[list[Episode], int]:
     """The episodes (one task's waves, in order) with each decision that was denied a move an
     earlier wave lost by from the same state put back among all its candidates, the denied moves
-    included; and how many decisions that was."""
+    included, its probability recomputed at the `temperature` GRPO's loss reads it at; and how
+    many decisions that was."""
     lost: dict[str, set[tuple[str, str]]] = {}  # state -> (candidate text, action) a wave lost by
     out, put_back = [], 0
     for episode in episodes:
@@ -70,7 +71,7 @@ def full_set(policy: Policy, episodes: list[Episode]) -> tuple[list[Episode], in
                 candidates = decision.candidates + tuple(text for text, _ in missing)
                 actions = (decision.actions or decision.candidates) + tuple(action for _, action in missing)
                 with torch.no_grad():
-                    [logp], _ = policy.log_probs([decision.prompt], [candidates])
+                    [logp], _ = policy.log_probs([decision.prompt], [candidates], temperature)
                 decision = dataclasses.replace(
                     decision, candidates=candidates, actions=actions, logprob=float(logp[decision.chosen])
                 )
@@ -123,7 +124,7 @@ def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float
         for episode in episodes:
             endings["won" if episode.won else "lost" if episode.lost else "other"] += 1
         if put_back:
-            episodes, count = full_set(policy, episodes)
+            episodes, count = full_set(policy, episodes, config.temperature)
             decisions_put_back += count
         samples = algorithm.samples(episodes, policy)
         if samples:  # the loop's own update step (rl/loop.py), as train_rl applies it each epoch
