@@ -142,6 +142,8 @@ def test_failed_validation_stops_before_versioning(project, prefect_server, mlfl
     assert quarantine.is_file()
 
 
+# The tiny experience and policy flows of the flow tests. What those flows make, measure and register
+# is checked on test_pipeline.py's finished run (its stages are these flows).
 TINY_EXPERIENCE = {
     "experience.vocab_size": 512,
     "experience.hidden_size": 64,
@@ -171,96 +173,6 @@ TINY_POLICY_FLOW = {
     "evaluation.games": 1,
     "evaluation.max_steps": 5,
 }
-
-
-def test_experience_flow_trains_measures_registers_and_a_rerun_reuses(project, prefect_server, mlflow_tracking):
-    from flows.ingest import ingest
-    from flows.train_experience import MODEL_NAME, train_experience
-
-    # experience.learnt_actions is on (the default): its whole path runs, learnt in build-examples,
-    # saved beside the model, registered with it, loaded for fidelity and for the policy flow's DreamEnv.
-    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE})
-    ingested = ingest(config, str(project))
-    first = train_experience(config, ingested, str(project))
-
-    assert first.model == f"models:/{MODEL_NAME}/1" and not first.train.reused
-    fidelity = first.fidelity
-    assert fidelity["transitions"] > 0 and 0.0 <= fidelity["parse_failure_rate"] <= 1.0
-    assert [entry["step"] for entry in fidelity["multi_step"]] == [1, 2]
-
-    client = MlflowClient()
-    version = client.get_model_version(MODEL_NAME, "1")
-    assert version.tags["data_md5"] == ingested.data_md5 and version.run_id == first.mlflow_run_id
-    run = client.get_run(first.mlflow_run_id)
-    assert run.data.tags["dreamgym.data_md5"] == ingested.data_md5
-    assert run.data.params["experience.neighbours"] == "2"
-    losses = client.get_metric_history(run.info.run_id, "train_loss")
-    assert losses and run.data.metrics["fidelity_transitions"] == fidelity["transitions"]
-    artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "experience")}
-    assert {"experience/loss.png", "experience/fidelity_summary.json", "experience/fidelity_open_loop.png"} <= artifacts
-    # The registered model is a complete model folder that loads.
-    from dreamgym.lm.model import load_model
-    from dreamgym.ops.registry import resolve_model
-
-    model_dir, label = resolve_model(MODEL_NAME, project / "models-cache")
-    assert label == f"models:/{MODEL_NAME}/1"
-    load_model(model_dir)
-    # With the names its placeholders leave as they are (every game has a knife; foods differ).
-    from dreamgym.experience.generate import trained_kept_names
-
-    kept = trained_kept_names(model_dir)
-    assert kept is not None and "knife" in kept and "fridge" in kept
-    from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances
-
-    assert Affordances.load(model_dir / AFFORDANCES_FILE).kept == kept
-
-    second = train_experience(config, ingested, str(project))  # a cache hit: the first result
-    assert (second.train, second.model, second.fidelity) == (first.train, first.model, first.fidelity)
-    assert len(client.search_model_versions(f"name = '{MODEL_NAME}'")) == 1
-
-    # The policy flow on that experience model: BC -> GRPO in DreamEnv -> real evaluation -> registry.
-    from flows.train_policy import MODEL_NAME as POLICY
-    from flows.train_policy import train_policy
-
-    config = load_config(ROOT / "params.yaml", {**TINY, **TINY_EXPERIENCE, **TINY_POLICY_FLOW})
-    policy = train_policy(config, ingested, second, str(project))
-    # BC is registered first (the champion while nothing beats it), the RL policy next.
-    assert (policy.bc_model, policy.model) == (f"models:/{POLICY}/1", f"models:/{POLICY}/2")
-    assert [e["name"] for e in policy.evaluations] == ["untrained", "bc", "dreamgym"]
-    # games.target headroom: the held-out games are the preset's, those of the training settings beside.
-    assert [e["name"] for e in policy.same_settings_evaluations] == [
-        "bc-training-settings",
-        "dreamgym-training-settings",
-    ]
-    assert ingested.test_games_dir.endswith("test-headroom") and ingested.same_test_games_dir.endswith("test")
-    assert all(e["episodes"] == 1 and e["real_transitions"] > 0 for e in policy.evaluations)
-    assert policy.rl.epochs == 1 and policy.rl.real_transitions == 0
-    assert policy.rl.synthetic_transitions > 0
-    run = client.get_run(policy.mlflow_run_id)
-    assert run.data.tags["dreamgym.experience_model"] == first.model
-    assert {
-        "eval_untrained_success_rate",
-        "eval_bc_success_rate",
-        "eval_dreamgym_success_rate",
-        "rl_success_rate",
-        "rl_synthetic_transitions",
-        "rl_curriculum_entropy",
-        "rl_recalled_share",  # rl.recall_real: DreamEnv's steps the real data recorded
-    } <= set(run.data.metrics)
-    artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
-    assert any(path.endswith("learning_curves.png") for path in artifacts)
-    version = client.get_model_version(POLICY, "2")
-    assert version.tags["experience_model"] == first.model
-    assert client.get_model_version(POLICY, "1").tags["rl"] == "bc"
-    again = train_policy(config, ingested, second, str(project))
-    # The same policy and figures, and the rerun says its training was done before.
-    assert not policy.rl.reused and again.rl.reused and again.bc.reused
-    assert (again.rl, again.model, again.evaluations) == (
-        dataclasses.replace(policy.rl, reused=True),
-        policy.model,
-        policy.evaluations,
-    )
-    assert len(client.search_model_versions(f"name = '{POLICY}'")) == 2
 
 
 def test_examples_are_keyed_on_what_shapes_a_prompt(monkeypatch):

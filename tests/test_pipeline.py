@@ -147,6 +147,8 @@ def _check_lineage_registry_and_reruns(project: Path, first) -> None:
     )
     assert config["rl"]["epochs"] == 3 and config["experience"]["hidden_size"] == 64
 
+    _check_experience_and_policy_stages(project, first, client)
+
     # The new version is the challenger; the gate's decision is on its tags and in the run.
     version = client.get_model_version("dreamgym-policy", "2")
     assert "challenger" in version.aliases
@@ -191,6 +193,11 @@ def _check_lineage_registry_and_reruns(project: Path, first) -> None:
     assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 2
     assert len(client.search_model_versions("name = 'dreamgym-experience'")) == 1
     assert second.policy.evaluations == first.policy.evaluations
+    assert (second.experience.train, second.experience.model, second.experience.fidelity) == (
+        first.experience.train,
+        first.experience.model,
+        first.experience.fidelity,
+    )
     # ... and it says so: no rows inserted by this run, no data version presented as new, and its
     # MLflow runs name the stages an earlier run did instead of logging that run's work as theirs.
     ingest = second.ingest
@@ -202,6 +209,23 @@ def _check_lineage_registry_and_reruns(project: Path, first) -> None:
     cached_run = client.get_run(ingest.mlflow_run_id)
     assert "upsert-buffer" in cached_run.data.tags["dreamgym.cached_stages"]
     assert "buffer_inserted" not in cached_run.data.metrics and "collect_seconds" not in cached_run.data.metrics
+
+    # Recomputed (cache ignored, `dreamgym run --refresh`): the policy flow finds BC and RL trained,
+    # says so, and registers nothing new.
+    from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
+
+    from dreamgym.config import load_config
+    from flows.train_policy import train_policy
+
+    with temporary_settings({PREFECT_TASKS_REFRESH_CACHE: True}):
+        again = train_policy(load_config(params), second.ingest, second.experience, str(project))
+    assert not first.policy.rl.reused and again.rl.reused and again.bc.reused
+    assert (again.rl, again.model, again.evaluations) == (
+        dataclasses.replace(first.policy.rl, reused=True),
+        first.policy.model,
+        first.policy.evaluations,
+    )
+    assert len(client.search_model_versions("name = 'dreamgym-policy'")) == 2
 
     # One RL parameter changed: RL, evaluation of the new policy and the gate run; nothing upstream.
     since = datetime.datetime.now(datetime.UTC)
@@ -218,6 +242,64 @@ def _check_lineage_registry_and_reruns(project: Path, first) -> None:
     # The benchmarks that read a finished project run on this one (benchmarks/ is a suite).
     [bc_policy] = (project / "outputs" / "policy").glob("bc-*/bc/model")
     smoke_project_benchmarks(project, KILLABLE, bc_policy, project / "outputs" / "bench-smoke")
+
+
+def _check_experience_and_policy_stages(project: Path, first, client: MlflowClient) -> None:
+    """What the experience and policy stages of the finished run made, trained, measured and registered."""
+    from dreamgym.experience.affordances import AFFORDANCES_FILE, Affordances
+    from dreamgym.experience.generate import trained_kept_names
+    from dreamgym.lm.model import load_model
+    from dreamgym.ops.registry import resolve_model
+
+    ingested, experience, policy = first.ingest, first.experience, first.policy
+    # experience.learnt_actions is on (the default): its whole path runs, learnt in build-examples,
+    # saved beside the model, registered with it, loaded for fidelity and for the policy flow's DreamEnv.
+    assert experience.model == "models:/dreamgym-experience/1" and not experience.train.reused
+    fidelity = experience.fidelity
+    assert fidelity["transitions"] > 0 and 0.0 <= fidelity["parse_failure_rate"] <= 1.0
+    assert [entry["step"] for entry in fidelity["multi_step"]] == [1, 2]
+    version = client.get_model_version("dreamgym-experience", "1")
+    assert version.tags["data_md5"] == ingested.data_md5 and version.run_id == experience.mlflow_run_id
+    run = client.get_run(experience.mlflow_run_id)
+    assert run.data.tags["dreamgym.data_md5"] == ingested.data_md5
+    assert run.data.params["experience.neighbours"] == "2"
+    losses = client.get_metric_history(run.info.run_id, "train_loss")
+    assert losses and run.data.metrics["fidelity_transitions"] == fidelity["transitions"]
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "experience")}
+    assert {"experience/loss.png", "experience/fidelity_summary.json", "experience/fidelity_open_loop.png"} <= artifacts
+    # The registered model is a complete model folder that loads, with the names its placeholders
+    # leave as they are (every game has a knife; foods differ) and its learnt actions.
+    model_dir, label = resolve_model("dreamgym-experience", project / "models-cache")
+    assert label == "models:/dreamgym-experience/1"
+    load_model(model_dir)
+    kept = trained_kept_names(model_dir)
+    assert kept is not None and "knife" in kept and "fridge" in kept
+    assert Affordances.load(model_dir / AFFORDANCES_FILE).kept == kept
+
+    # The policy flow on that experience model: BC -> GRPO in DreamEnv -> real evaluation -> registry.
+    assert [e["name"] for e in policy.evaluations] == ["untrained", "bc", "dreamgym"]
+    # games.target headroom: the held-out games are the preset's, those of the training settings beside.
+    same_settings = ["bc-training-settings", "dreamgym-training-settings"]
+    assert [e["name"] for e in policy.same_settings_evaluations] == same_settings
+    assert ingested.test_games_dir.endswith("test-headroom") and ingested.same_test_games_dir.endswith("test")
+    assert all(e["episodes"] == 1 and e["real_transitions"] > 0 for e in policy.evaluations)
+    assert policy.rl.epochs == KILLABLE["rl.epochs"] and policy.rl.real_transitions == 0
+    assert policy.rl.synthetic_transitions > 0
+    run = client.get_run(policy.mlflow_run_id)
+    assert run.data.tags["dreamgym.experience_model"] == experience.model
+    assert {
+        "eval_untrained_success_rate",
+        "eval_bc_success_rate",
+        "eval_dreamgym_success_rate",
+        "rl_success_rate",
+        "rl_synthetic_transitions",
+        "rl_curriculum_entropy",
+        "rl_recalled_share",  # rl.recall_real: DreamEnv's steps the real data recorded
+    } <= set(run.data.metrics)
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id, "policy")}
+    assert any(path.endswith("learning_curves.png") for path in artifacts)
+    assert client.get_model_version("dreamgym-policy", "2").tags["experience_model"] == experience.model
+    assert client.get_model_version("dreamgym-policy", "1").tags["rl"] == "bc"
 
 
 def test_prefect_yaml_parameters_are_the_pipeline_flow_s():
