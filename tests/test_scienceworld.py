@@ -353,6 +353,7 @@ def test_bc_on_a_few_variations_wins_them(sw_offline, practised, tmp_path):
     assert report.summary["success_rate"] >= 2 / 3, report.records
 
 
+@pytest.mark.long
 def test_the_experience_model_learns_scienceworld_steps_and_predicts_a_held_out_episode(sw_offline, tmp_path):
     """A tiny experience model on the generic path (no TextWorld rule), trained on one expert
     episode of a task, predicts another episode of that task it never saw, one that takes the same
