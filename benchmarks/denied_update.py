@@ -12,6 +12,10 @@ epoch of GRPO with the defaults (KL 0.5 to the start, learning rate 1e-4), in tw
   back, the probability it acted with recomputed there, so the clipped ratio starts at 1).
 
     .venv/bin/python benchmarks/denied_update.py --json out.json [--epochs 10] [--temperature 1.0]
+
+With `--start` (a trained policy folder, e.g. `make run`'s BC) and `--games` (a folder of games, e.g.
+its `data/games/train-headroom`), the same on those games instead: the first `--count` of them, in
+sorted order, that the start loses greedily and a later greedy wave, denied the losing move, wins.
 """
 
 from __future__ import annotations
@@ -92,7 +96,32 @@ def probabilities(policy: Policy, decision: Decision, moves: tuple[str, str]) ->
     return [round(float(logp[actions.index(move)].exp()), 4) for move in moves]
 
 
-def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float) -> dict:
+def greedy_waves(start: Path, game: Path, max_steps: int) -> list[Episode]:
+    """One greedy group of the start on `game`, each wave denied the moves earlier ones lost by."""
+    return play_groups(
+        load_policy(start),
+        lambda count: [TextWorldEnv(max_steps) for _ in range(count)],
+        [load_task(game)],
+        RLConfig().group_size,
+        deny_lost_moves=True,
+        greedy=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def probed_games(start: Path, folder: Path, count: int, max_steps: int) -> list[Path]:
+    """The first `count` games of `folder` that the start loses greedily and a later denied wave wins."""
+    chosen = []
+    for game in sorted(folder.glob("*.z8")):
+        first, *later = greedy_waves(start, game, max_steps)
+        if first.lost and any(episode.won for episode in later):
+            chosen.append(game)
+            if len(chosen) == count:
+                break
+    return chosen
+
+
+def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float, max_steps: int = MAX_STEPS) -> dict:
     config = RLConfig(env="real", temperature=temperature)
     algorithm = GRPO(config)
     policy, reference = load_policy(start), load_policy(start)
@@ -103,7 +132,7 @@ def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float
     def waves(greedy: bool) -> list[Episode]:
         return play_groups(
             policy,
-            lambda count: [TextWorldEnv(MAX_STEPS) for _ in range(count)],
+            lambda count: [TextWorldEnv(max_steps) for _ in range(count)],
             [task],
             config.group_size,
             deny_lost_moves=True,
@@ -144,22 +173,32 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--temperature", type=float, default=RLConfig().temperature, help="of the sampled waves")
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--start", type=Path, help="a trained policy folder (default: the RL tests' warm start)")
+    parser.add_argument("--games", type=Path, help="with --start: the folder of games to probe on")
+    parser.add_argument("--count", type=int, default=3, help="with --start: games to probe")
+    parser.add_argument("--max-steps", type=int, default=MAX_STEPS, help="step limit of an episode")
     args = parser.parse_args()
+    if (args.start is None) != (args.games is None):
+        parser.error("--start and --games go together")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        start = warm_start(work)
-        plans = plan_games(dataclasses.replace(ONE_ROOM, cook=True, train_count=8), "train", 8, seed=3)
-        games, _ = generate_games([plans[i] for i in (3, 5, 6)], work / "cook", workers=1, progress=False)
+        if args.start is None:
+            start = warm_start(work)
+            plans = plan_games(dataclasses.replace(ONE_ROOM, cook=True, train_count=8), "train", 8, seed=3)
+            games, _ = generate_games([plans[i] for i in (3, 5, 6)], work / "cook", workers=1, progress=False)
+        else:
+            start, games = args.start, probed_games(args.start, args.games, args.count, args.max_steps)
         report = {
             game.name: {
-                way: run(start, game, args.epochs, way == "full set", args.temperature)
+                way: run(start, game, args.epochs, way == "full set", args.temperature, args.max_steps)
                 for way in ("as built", "full set")
             }
             for game in games
         }
+    setup = {"start": str(args.start or "the RL tests' warm start"), "max_steps": args.max_steps}
     args.json.write_text(
-        json.dumps({"epochs": args.epochs, "temperature": args.temperature, "games": report}, indent=1)
+        json.dumps({"epochs": args.epochs, "temperature": args.temperature, **setup, "games": report}, indent=1)
     )
     print(json.dumps(report))
 
