@@ -129,7 +129,6 @@ def _piece_runs(flow_state, seconds: float = 60) -> list[str]:
         time.sleep(0.5)
 
 
-@pytest.mark.long
 def test_real_evaluation_on_ray_matches_one_process(ray_compute, policy_dir, train_games, tmp_path):  # noqa: F811
     """The flows' evaluation stage task, in a flow on the default runner and on Ray: the same
     summary and per-episode records; on Ray the games were played in shards, one Prefect task each."""

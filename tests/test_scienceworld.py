@@ -353,7 +353,6 @@ def test_bc_on_a_few_variations_wins_them(sw_offline, practised, tmp_path):
     assert report.summary["success_rate"] >= 2 / 3, report.records
 
 
-@pytest.mark.long
 # Not marked `long` on purpose: started first, beside the pipeline and stack tests (servers, Ray
 # workers and subprocesses of their own), this file took 425 s instead of 219 s, this test 115 s
 # instead of 61 s (results log, 2026-12-07, later). Among the last files it has a core to itself.
