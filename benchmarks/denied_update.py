@@ -96,16 +96,25 @@ def probabilities(policy: Policy, decision: Decision, moves: tuple[str, str]) ->
     return [round(float(logp[actions.index(move)].exp()), 4) for move in moves]
 
 
-def greedy_waves(start: Path, game: Path, max_steps: int) -> list[Episode]:
-    """One greedy group of the start on `game`, each wave denied the moves earlier ones lost by."""
+def waves(
+    policy: Policy,
+    task,
+    max_steps: int,
+    group_size: int,
+    greedy: bool,
+    generator: torch.Generator,
+    temperature: float = 1.0,
+) -> list[Episode]:
+    """One group of `policy` on `task`, played in waves, each denied the moves earlier ones lost by."""
     return play_groups(
-        load_policy(start),
+        policy,
         lambda count: [TextWorldEnv(max_steps) for _ in range(count)],
-        [load_task(game)],
-        RLConfig().group_size,
+        [task],
+        group_size,
         deny_lost_moves=True,
-        greedy=True,
-        generator=torch.Generator().manual_seed(0),
+        greedy=greedy,
+        generator=generator,
+        temperature=temperature,
     )
 
 
@@ -113,7 +122,8 @@ def probed_games(start: Path, folder: Path, count: int, max_steps: int) -> list[
     """The first `count` games of `folder` that the start loses greedily and a later denied wave wins."""
     chosen = []
     for game in sorted(folder.glob("*.z8")):
-        first, *later = greedy_waves(start, game, max_steps)
+        policy, generator = load_policy(start), torch.Generator().manual_seed(0)
+        first, *later = waves(policy, load_task(game), max_steps, RLConfig().group_size, True, generator)
         if first.lost and any(episode.won for episode in later):
             chosen.append(game)
             if len(chosen) == count:
@@ -129,27 +139,18 @@ def run(start: Path, game: Path, epochs: int, put_back: bool, temperature: float
     task = load_task(game)
     generator = torch.Generator().manual_seed(0)
 
-    def waves(greedy: bool) -> list[Episode]:
-        return play_groups(
-            policy,
-            lambda count: [TextWorldEnv(max_steps) for _ in range(count)],
-            [task],
-            config.group_size,
-            deny_lost_moves=True,
-            greedy=greedy,
-            generator=generator,
-            temperature=config.temperature,
-        )
+    def played(greedy: bool) -> list[Episode]:
+        return waves(policy, task, max_steps, config.group_size, greedy, generator, config.temperature)
 
     # The state the greedy policy loses from, the move it loses by and the move a later wave won by.
-    first, *later = waves(greedy=True)
+    first, *later = played(greedy=True)
     lost_at = first.decisions[-1]
     won = next(episode for episode in later if episode.won)
     won_by = won.decisions[[d.prompt for d in won.decisions].index(lost_at.prompt)].action
     moves = (won_by, lost_at.action)
     curve, decisions_put_back, endings = [probabilities(policy, lost_at, moves)], 0, {"won": 0, "lost": 0, "other": 0}
     for epoch in range(epochs):
-        episodes = waves(greedy=False)
+        episodes = played(greedy=False)
         for episode in episodes:
             endings["won" if episode.won else "lost" if episode.lost else "other"] += 1
         if put_back:
