@@ -132,7 +132,8 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
     dream_run = sorted((project / "outputs" / "policy").glob("rl-*-dream-*"))[0].name
     tables = sorted((project / "outputs" / "policy").glob("eval-*.episodes.csv"))
     games = [arg for folder in sorted((project / "data" / "games").iterdir()) for arg in ("--games", str(folder))]
-    experience, synthetic, live, replayed, scaling, rl, divergence, failures = run_benchmarks(
+    test_games = str(project / "data" / "games" / "test")
+    experience, synthetic, live, replayed, scaling, rl, divergence, failures, bc, losses = run_benchmarks(
         [
             (
                 "experience.py",
@@ -173,13 +174,23 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
             (
                 "real_rl_settings.py",
                 ["--params", params, "--start", str(bc_policy), "--out", str(tmp / "rl"),
-                 "--games", str(project / "data" / "games" / "test"), "rl.real_budget=20", "rl.epochs=1"],
+                 "--games", test_games, "rl.real_budget=20", "rl.epochs=1"],
                 None,
             ),
             # The dream's episodes, written back by the project's RL run, replayed in their real games.
             ("dream_divergence.py", ["--params", params, "--run", dream_run], None),
             # How the project's evaluated policies lost their games.
             ("failure_modes.py", [*map(str, tables), *games, "--json", str(tmp / "fails.json")], tmp / "fails.json"),
+            # The project's own BC under its own settings: reused, not trained again, then played.
+            ("bc_settings.py", ["--params", params, "--out", str(bc_policy.parent), "--games", test_games], None),
+            # How sure BC was of the moves it lost the test games by, and whether real RL changed them.
+            (
+                "confident_losses.py",
+                ["--params", params, "--start", str(bc_policy), "--trained", str(tmp / "rl" / "policy"),
+                 "--games", test_games,
+                 "--json", str(tmp / "losses.json")],
+                tmp / "losses.json",
+            ),
         ],
         cwd=project,
     )  # fmt: skip
@@ -205,6 +216,11 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
     for table in failures["tables"].values():
         assert sum(table["endings"].values()) == table["episodes"] > 0
         assert table["wins"] == table["endings"].get("won", 0)
+    assert bc["reused"] and bc["steps"] > 0 and set(bc["wins"]) == {"test"}
+    assert bc["wins"]["test"] == rl["wins"]["start test"]  # the same policy, played greedily on the same games
+    lost = int(bc["wins"]["test"].split("/")[1]) - int(bc["wins"]["test"].split("/")[0])
+    assert len(losses["rows"]) == lost == sum(row["lost"] for row in losses["summary"].values())
+    assert all(0 < row["start_p"] <= 1 and 0 < row["trained_p"] <= 1 for row in losses["rows"])
 
 
 RECIPE = (
