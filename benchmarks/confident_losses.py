@@ -4,12 +4,12 @@
         --games data/games/tasks-headroom [--json benchmarks/results/confident-losses-<date>.json]
 
 The start policy plays every game of `--games` once, greedily, up to `evaluation.max_steps` of
-`--params` (TextWorld cooking games). For each
-game it loses, the last decision (the move that lost it) is scored again by both policies on the
-same prompt and candidates. Per way of losing (failure_modes.py's `ending`): how many games, the
-start's median probability of its losing move and how many it chose at p > 0.9, the trained
-policy's median probability of that same move, and how many it no longer ranks first. A move
-RL no longer ranks first is not a won game; a move it still ranks first is a game still lost.
+`--params` (TextWorld cooking games). For each game it loses, the last decision (the move that
+lost it) is scored again by both policies on the same prompt and candidates. Per way of losing
+(failure_modes.py's `ending`): how many games, the start's median probability of its losing move
+and how many it chose at p > 0.9, the trained policy's median probability of that same move, and
+how many it no longer ranks first. A move RL no longer ranks first is not a won game; a move it
+still ranks first is a game still lost.
 """
 
 from __future__ import annotations
