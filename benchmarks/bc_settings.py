@@ -16,10 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
+from common import greedy_wins, parse_settings, validated_rows
+
 from dreamgym.config import load_config
-from dreamgym.data.schema import read_transitions
-from dreamgym.envs.real import list_games
-from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.bc import bc_examples, policy_kept_names, train_bc
 from dreamgym.policy.model import load_policy
 
@@ -32,21 +31,13 @@ def main() -> None:
     parser.add_argument("settings", nargs="*", help="KEY=VALUE, e.g. policy.layers=4")
     args = parser.parse_args()
 
-    overrides = {key: json.loads(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
+    overrides = parse_settings(args.settings)
     config = load_config(args.params, overrides)
-    validated = args.params.resolve().parent / config.paths.outputs_dir / "validation" / "validated.parquet"
-    if not validated.is_file():
-        raise SystemExit(f"{validated}: no validated data; run the pipeline's ingest first (`dreamgym run`)")
-    rows = read_transitions(validated).to_pylist()
+    rows = validated_rows(config, args.params.resolve().parent)
     kept = policy_kept_names(rows, config.policy)
     examples = bc_examples(rows, config.policy, kept)
     result = train_bc(examples, config.policy, args.out, config.seed, kept)
-    policy = load_policy(result.model_dir, config.policy)
-    wins, returns = {}, {}
-    for games in args.games:
-        summary = evaluate_policy(policy, list_games(games), 1, config.seed, config.evaluation.max_steps).summary
-        wins[games.name] = f"{summary['wins']}/{summary['episodes']}"
-        returns[games.name] = round(summary["mean_return"], 3)
+    wins, returns = greedy_wins(load_policy(result.model_dir, config.policy), args.games, config)
     print(
         json.dumps(
             {

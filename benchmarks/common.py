@@ -1,7 +1,10 @@
-"""What the experience-model benchmarks share: the configured project, the model, the machine."""
+"""What the benchmarks share: the configured project, its model and validated data, KEY=VALUE
+settings, greedy wins per folder of games, the machine."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,3 +39,33 @@ def model_setup(params: Path, model: str, overrides: dict | None = None) -> Setu
     configure_services(run_dir)
     model_dir, label = resolve_model(model, run_dir / "models")
     return Setup(config, project, run_dir, Path(model_dir), label)
+
+
+def parse_settings(settings: Sequence[str]) -> dict:
+    """KEY=VALUE arguments (JSON values) as `load_config` overrides: ["rl.epochs=2"] -> {"rl.epochs": 2}."""
+    return {key: json.loads(value) for key, value in (setting.split("=", 1) for setting in settings)}
+
+
+def validated_rows(config: PipelineConfig, project: Path) -> list[dict]:
+    """The transitions the project's ingest validated (what BC and the experience model learn from)."""
+    from dreamgym.data.schema import read_transitions
+
+    path = project / config.paths.outputs_dir / "validation" / "validated.parquet"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no validated data; run the pipeline's ingest first (`dreamgym run`)")
+    return read_transitions(path).to_pylist()
+
+
+def greedy_wins(policy, folders: Sequence[Path], config: PipelineConfig) -> tuple[dict, dict]:
+    """Every game of each folder played once, greedily: wins ("12/40") and mean return, by folder name."""
+    from dreamgym.envs.real import list_games
+    from dreamgym.evaluation import evaluate_policy
+
+    wins, returns = {}, {}
+    for folder in folders:
+        summary = evaluate_policy(
+            policy, list_games(folder), 1, config.seed, config.evaluation.max_steps, greedy=True
+        ).summary
+        wins[folder.name] = f"{summary['wins']}/{summary['episodes']}"
+        returns[folder.name] = round(summary["mean_return"], 3)
+    return wins, returns

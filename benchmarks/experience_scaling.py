@@ -21,11 +21,10 @@ import json
 import time
 from pathlib import Path
 
-from common import machine
+from common import machine, parse_settings, validated_rows
 
 from dreamgym.buffer.migrations import open_migrated
 from dreamgym.config import load_config
-from dreamgym.data.schema import read_transitions
 from dreamgym.envs.real import task_setting
 from dreamgym.experience import ablation
 from dreamgym.experience.generate import save_settings
@@ -43,11 +42,11 @@ if __name__ == "__main__":
     parser.add_argument("--real", type=Path, action="append", required=True, help="real transitions to measure on")
     parser.add_argument("settings", nargs="*", help="KEY=VALUE (JSON values), e.g. experience.epochs=0.5")
     args = parser.parse_args()
-    settings = {key: json.loads(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
+    settings = parse_settings(args.settings)
     config = load_config(args.params, {**NO_RULES, **settings})
     project = args.params.resolve().parent
     run_dir = project / config.paths.run_dir
-    rows = read_transitions(project / config.paths.outputs_dir / "validation/validated.parquet").to_pylist()
+    rows = validated_rows(config, project)
     with open_migrated(run_dir, config.buffer) as database:
         made = training_examples(database, rows, config)
     report: dict = {

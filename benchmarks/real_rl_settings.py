@@ -20,10 +20,11 @@ import json
 import time
 from pathlib import Path
 
+from common import greedy_wins, parse_settings
+
 from dreamgym.config import load_config
 from dreamgym.curriculum import Curriculum
 from dreamgym.envs.real import env_for, list_games, load_task
-from dreamgym.evaluation import evaluate_policy
 from dreamgym.policy.model import load_policy
 from dreamgym.rl.loop import train_rl
 
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("settings", nargs="*", help="KEY=VALUE, e.g. rl.learning_rate=3e-5")
     args = parser.parse_args()
 
-    overrides = {key: json.loads(value) for key, value in (setting.split("=", 1) for setting in args.settings)}
+    overrides = parse_settings(args.settings)
     config = load_config(args.params, {**overrides, "rl.env": "real"})
     project = args.params.resolve().parent
     games = list_games(args.tasks or project / config.paths.data_dir / "games" / "train")
@@ -59,13 +60,9 @@ def main() -> None:
     history = json.loads((policy_dir / "result.json").read_text())["history"]
     wins, scores = {}, {}
     for name, path in (("start", args.start), ("trained", policy_dir)):
-        policy = load_policy(path, config.policy)
-        for games in args.games:
-            summary = evaluate_policy(
-                policy, list_games(games), 1, config.seed, config.evaluation.max_steps, greedy=True
-            ).summary
-            wins[f"{name} {games.name}"] = f"{summary['wins']}/{summary['episodes']}"
-            scores[f"{name} {games.name}"] = round(summary["mean_return"], 3)
+        folder_wins, folder_scores = greedy_wins(load_policy(path, config.policy), args.games, config)
+        wins |= {f"{name} {folder}": value for folder, value in folder_wins.items()}
+        scores |= {f"{name} {folder}": value for folder, value in folder_scores.items()}
     curve = {
         key: [round(row.get(key, float("nan")), 3) for row in history]
         for key in ("success_rate", "entropy", "samples", "real_transitions")
