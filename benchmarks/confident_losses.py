@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -39,26 +40,31 @@ def probabilities(policy: Policy, decision: Decision) -> list[float]:
 
 
 def losing_moves(start: Policy, trained: Policy, games: list[Path], max_steps: int) -> list[dict]:
-    """One row per game the start policy loses greedily: how, and both policies' p of its last move."""
+    """One row per game the start policy loses greedily: how, and both policies' p of its last move
+    (the start's as it acted: `Decision.logprob`)."""
     rows = []
-    for game in games:
-        task = load_task(game)
-        [episode] = play(start, [env_for([game], max_steps)], [task], greedy=True)
-        if episode.won:
-            continue
-        last = episode.decisions[-1]
-        trained_p = probabilities(trained, last)
-        rows.append(
-            {
-                "game": game.name,
-                "ending": ending([d.action for d in episode.decisions], False, episode.truncated, task.instruction),
-                "move": last.action,
-                "candidates": len(last.candidates),
-                "start_p": round(probabilities(start, last)[last.chosen], 4),
-                "trained_p": round(trained_p[last.chosen], 4),
-                "trained_still_first": max(range(len(trained_p)), key=trained_p.__getitem__) == last.chosen,
-            }
-        )
+    env = env_for(games, max_steps)
+    try:
+        for game in games:
+            task = load_task(game)
+            [episode] = play(start, [env], [task], greedy=True)
+            if episode.won:
+                continue
+            last = episode.decisions[-1]
+            trained_p = probabilities(trained, last)
+            rows.append(
+                {
+                    "game": game.name,
+                    "ending": ending([d.action for d in episode.decisions], False, episode.truncated, task.instruction),
+                    "move": last.action,
+                    "candidates": len(last.candidates),
+                    "start_p": round(math.exp(last.logprob), 4),
+                    "trained_p": round(trained_p[last.chosen], 4),
+                    "trained_still_first": max(range(len(trained_p)), key=trained_p.__getitem__) == last.chosen,
+                }
+            )
+    finally:
+        env.close()
     return rows
 
 
