@@ -218,8 +218,8 @@ def smoke_project_benchmarks(project: Path, overrides: dict, bc_policy: Path, tm
         assert table["wins"] == table["endings"].get("won", 0)
     assert bc["reused"] and bc["steps"] > 0 and set(bc["wins"]) == {"test"}
     assert bc["wins"]["test"] == rl["wins"]["start test"]  # the same policy, played greedily on the same games
-    lost = int(bc["wins"]["test"].split("/")[1]) - int(bc["wins"]["test"].split("/")[0])
-    assert len(losses["rows"]) == lost == sum(row["lost"] for row in losses["summary"].values())
+    won, played = map(int, bc["wins"]["test"].split("/"))
+    assert len(losses["rows"]) == played - won == sum(row["lost"] for row in losses["summary"].values())
     assert all(0 < row["start_p"] <= 1 and 0 < row["trained_p"] <= 1 for row in losses["rows"])
 
 
