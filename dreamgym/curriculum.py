@@ -359,6 +359,7 @@ class Curriculum:
                 game_file=candidate.game_file,
                 initial_state=candidate.initial_state,
                 max_score=candidate.max_score if candidate.game_file else origin.max_score,
+                start_score=candidate.start_score if candidate.game_file else origin.start_score,
             )
             self._add(task)
             known.add(_asks(task))

@@ -13,7 +13,7 @@ from dreamgym.buffer.config import BufferConfig
 from dreamgym.buffer.retrieval import Filters, search
 from dreamgym.buffer.store import upsert_transitions, write_back
 from dreamgym.curriculum import Curriculum, check_variation
-from dreamgym.data.schema import read_transitions, to_table
+from dreamgym.data.schema import read_transitions, score_before, to_table
 from dreamgym.envs.base import EnvError
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.dream_env import DreamEnv, step_together
@@ -65,8 +65,18 @@ def test_each_step_is_the_models_prediction_for_the_episode_so_far(experience, f
     history = []
     for row in first_episode[:3]:
         state = parse_state(observation)
+        so_far = task.start_score + sum(step.reward for step in history)  # the game's score before the step
         expected = experience.predict(
-            [Query(task.instruction, state, row["action"], tuple(history[-TINY.history :]), env._episode.trajectory_id)]
+            [
+                Query(
+                    task.instruction,
+                    state,
+                    row["action"],
+                    tuple(history[-TINY.history :]),
+                    env._episode.trajectory_id,
+                    score=so_far,
+                )
+            ]
         )[0]
         observation, reward, terminated, _truncated, info = env.step(row["action"])
         if not expected.ok:
@@ -92,10 +102,12 @@ class _RecordedDynamics:
 
     def __init__(self, rows):
         self.known = {(row["state"], row["action"]): row for row in rows}
+        self.scores = []  # each query's score before its step
 
     def predict(self, queries):
         predictions = []
         for query in queries:
+            self.scores.append(query.score)
             row = self.known.get((format_state(query.state), query.action))
             if row is None:
                 predictions.append(Prediction(None, "", 1, error="no recorded transition"))
@@ -126,6 +138,22 @@ def test_any_dynamics_drives_dream_env_and_a_recorded_episode_replays_exactly(fi
         False,
         "no recorded transition",
     )
+
+
+def test_a_query_carries_the_games_score_from_the_tasks_start(first_episode, task):
+    """What a step pays can hang on the score so far (ScienceWorld credits some subgoals at the
+    start, and pays each once): the query says it, from the task's starting score on."""
+    dynamics = _RecordedDynamics(first_episode)
+    env = DreamEnv(dynamics, max_steps=len(first_episode) + 1, policy="replay")
+    started = dataclasses.replace(task, start_score=8.33)
+    _, info = env.reset(started)
+    assert info["score"] == 8.33
+    for row in first_episode:
+        env.step(row["action"])
+    rewards = [row["reward"] for row in first_episode]
+    assert dynamics.scores == pytest.approx([8.33 + sum(rewards[:t]) for t in range(len(rewards))])
+    # A seed task read from the data starts at its first row's score before the step.
+    assert task.start_score == score_before(first_episode[0]) == 0
 
 
 def test_an_unavailable_action_changes_nothing_and_asks_no_model(experience, task):

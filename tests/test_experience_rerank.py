@@ -48,7 +48,7 @@ def test_the_same_move_on_another_food_is_the_same_situation_with_placeholders()
     # common (room, counter, food, its take; not the fridge nor its open/close). No change given:
     # none is known to fit.
     opened = situation(kitchen("carrot", fridge="open"), "take carrot from counter", KEPT)
-    assert closeness(tomato, opened) == (True, True, False, True, True, True, False, 4 / 8)
+    assert closeness(tomato, opened) == (True, True, False, True, True, True, False, True, 4 / 8)
 
 
 def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order():
@@ -70,9 +70,9 @@ def test_closest_ranks_the_same_action_first_then_shared_items_then_given_order(
     # A key switched off counts the same for every candidate: the next one decides.
     assert closest(query, candidates, 2, off=frozenset({"action", "action_form"})) == [0, 4]  # the most items in common
     assert closest(query, candidates, 3, off=frozenset({"shared_items"})) == [1, 2, 3]  # the given order
-    assert closeness(query, candidates[0], off=frozenset(RANKING_KEYS)) == (False,) * 7 + (0.0,)
+    assert closeness(query, candidates[0], off=frozenset(RANKING_KEYS)) == (False,) * 8 + (0.0,)
     empty = Situation("look", frozenset())
-    assert closeness(empty, empty) == (True, True, False, True, True, True, True, 1.0)
+    assert closeness(empty, empty) == (True, True, False, True, True, True, True, True, 1.0)
 
 
 def carrying(food: str, *more: str) -> AbstractState:
@@ -185,6 +185,33 @@ def test_of_two_candidates_alike_so_far_the_one_acting_on_the_same_kind_comes_fi
     assert closest(query, [tomato, potato], 2, changes) == [1, 0]
 
 
+def test_of_the_same_move_the_one_made_at_the_same_score_comes_first():
+    """ScienceWorld pays the first move to another room (a subgoal) and no later one; the state
+    does not show which move is the first, the score before it does. Generic: no domain rule."""
+    hallway = AbstractState(
+        "hallway",
+        ("door to art studio (open)", "door to kitchen (open)", "drawing"),
+        (),
+        ("focus on drawing", "go to art studio", "go to kitchen", "look around"),
+    )
+
+    def going(score: float | None) -> Situation:
+        return rerank.situation(hallway, "go to kitchen", None, "find a(n) animal", NO_RULES, score)
+
+    # Stored rows give their score after the step less its reward (17 - 8.33: within a point of 8.33).
+    later, first = going(17.0), going(17 - 8.33)
+    assert closest(going(8.33), [later, first], 1) == [1]
+    assert closest(going(17.0), [first, later], 1) == [1]
+    # An unknown score (a row or query without one) is alike any: the order given decides.
+    assert closest(going(None), [later, first], 1) == [0]
+    assert closest(going(8.33), [going(None), first], 1) == [0]
+    # Only as a later key: the same action still comes first.
+    other_move = rerank.situation(hallway, "go to art studio", None, "find a(n) animal", NO_RULES, 8.33)
+    assert closest(going(8.33), [other_move, later], 1) == [1]
+    progress_off = frozenset({"progress"})
+    assert closeness(going(8.33), later, off=progress_off) == closeness(going(8.33), first, off=progress_off)
+
+
 def test_the_closest_one_found_key_by_key_is_the_first_of_the_full_ranking():
     import random
 
@@ -209,6 +236,7 @@ def test_the_closest_one_found_key_by_key_is_the_first_of_the_full_ranking():
                 rng.choice([None, "a", "b"]),
                 frozenset(rng.sample(["carrot", "knife"], rng.randint(0, 2))),
                 COOKING,
+                score=rng.choice([None, 0.0, 8.33, 8.67, 17.0]),
             )
 
         query, candidates = drawn(), [drawn() for _ in range(rng.randint(1, 12))]

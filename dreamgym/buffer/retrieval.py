@@ -38,6 +38,7 @@ RETURNED_COLUMNS = (
     "action",
     "next_state",
     "reward",
+    "score",
     "terminated",
     "truncated",
     "won",

@@ -99,6 +99,13 @@ def trajectory_id(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).hexdigest()[:20]
 
 
+def score_before(row: Mapping[str, Any]) -> float:
+    """The game's score before a transition's step: its score after the step less the step's reward.
+    Within a point of the exact score where the score is kept in whole points and the reward is not
+    (ScienceWorld: 17 after a reward of 8.33 that started from 8.33)."""
+    return float(row["score"]) - float(row["reward"])
+
+
 def episodes(rows: Iterable[Mapping]) -> list[list[Mapping]]:
     """Transitions grouped by trajectory, each in step order, trajectories sorted by id."""
     by_trajectory: dict[str, list[Mapping]] = defaultdict(list)

@@ -35,6 +35,8 @@ class Task:
     game_file: str | None = None
     initial_state: str | None = None
     max_score: int | None = None  # where known without playing (a synthetic task's real origin)
+    # The score its initial state holds (ScienceWorld credits the subgoals a start already meets).
+    start_score: float = 0.0
 
 
 Info = dict[str, Any]

@@ -95,7 +95,7 @@ class DreamEnv:
         tid = trajectory_id(
             ENV_NAME, task.task_id, self.model_version, self.policy, self.run_id, self.slot, self._episodes
         )
-        self._episode = _Episode(task, tid, state)
+        self._episode = _Episode(task, tid, state, score=task.start_score)
         return format_state(state), self._info(None)
 
     def step(self, action: str) -> StepResult:
@@ -134,6 +134,7 @@ class DreamEnv:
             trajectory_id=episode.trajectory_id,
             task_id=episode.task.task_id,
             earlier=tuple(episode.earlier),
+            score=episode.score,
         )
 
     def _advance(

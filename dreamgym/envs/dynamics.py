@@ -35,6 +35,9 @@ class Query:
     task_id: str | None = None  # the task (game) being played: the real outcome of a step depends on it
     # Every earlier (state, action) of the episode, oldest first: the places it has shown.
     earlier: tuple[tuple[AbstractState, str], ...] = ()
+    # The game's score before the action (None: unknown): how far the task has come, on which
+    # the reward of a move can hang (ScienceWorld pays a subgoal once).
+    score: float | None = None
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,14 @@ def tasks_at_start(paths: Iterable[str | Path]) -> list[Task]:
         for path in paths:
             task = load_task(path)
             initial_state, info = env.reset(task)
-            tasks.append(dataclasses.replace(task, initial_state=initial_state, max_score=int(info["max_score"])))
+            tasks.append(
+                dataclasses.replace(
+                    task,
+                    initial_state=initial_state,
+                    max_score=int(info["max_score"]),
+                    start_score=float(info["score"]),
+                )
+            )
     finally:
         env.close()
     return tasks

@@ -39,7 +39,8 @@ class ExperienceConfig:
         tuple[str, ...],
         described(
             "Ranking keys switched off, to measure what each adds (experience/rerank.py RANKING_KEYS: "
-            "action, action_form, change_fits, task_relation, acted_items, open_closed, kind, shared_items).",
+            "action, action_form, change_fits, task_relation, acted_items, open_closed, kind, progress, "
+            "shared_items).",
             part="prompt",
         ),
     ] = ()

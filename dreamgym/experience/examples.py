@@ -33,6 +33,7 @@ from tqdm import tqdm
 from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder, transition_text
 from dreamgym.buffer.retrieval import Filters, search, stored_embeddings, stored_trajectories, task_instructions
+from dreamgym.data.schema import score_before
 from dreamgym.domain import NO_RULES, Domain, named_domain
 from dreamgym.envs.dynamics import Query, Step
 from dreamgym.experience.affordances import (
@@ -114,6 +115,7 @@ def queries_of(rows: Sequence[dict], h: int) -> list[Query]:
                 tuple(history_of(rows, index, h)),
                 row["trajectory_id"],
                 earlier=tuple(earlier),
+                score=score_before(row),
             )
         )
         earlier.append((state, row["action"]))
@@ -246,13 +248,24 @@ def _closest(
 ) -> list[dict]:
     state = query["state"] if isinstance(query["state"], AbstractState) else parse_state(query["state"])
     chosen = closest(
-        situation(state, query["action"], kept, query["instruction"], domain),
-        [stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"]), domain) for t in transitions],
+        situation(state, query["action"], kept, query["instruction"], domain, _score_before(query)),
+        [
+            stored_situation(t["state"], t["action"], kept, tasks.get(t["task_id"]), domain, _score_before(t))
+            for t in transitions
+        ],
         k,
         [stored_change(t["state"], t["next_state"], t["action"], kept) for t in transitions],
         off,
     )
     return [transitions[index] for index in chosen]
+
+
+def _score_before(row: dict) -> float | None:
+    """The game's score before the step of a query (its `score_before`, None where unknown) or of a
+    transition row (`score_before`)."""
+    if "score_before" in row:
+        return row["score_before"]
+    return score_before(row) if row.get("score") is not None else None
 
 
 def _distinct(transitions: list[dict]) -> list[dict]:

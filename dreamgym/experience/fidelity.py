@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from dreamgym.data.schema import episodes as by_episode
+from dreamgym.data.schema import score_before
 from dreamgym.envs.dynamics import Dynamics, Prediction, Query, Step
 from dreamgym.state import AbstractState, item_name, parse_state
 
@@ -120,6 +121,7 @@ def single_step(model: Dynamics, rows: Sequence[dict], batch_size: int = 32, pro
                         tuple(history[-model.history :] if model.history else ()),
                         row["trajectory_id"],
                         earlier=tuple(earlier),
+                        score=score_before(row),
                     ),
                 )
             )
@@ -145,6 +147,7 @@ def open_loop(
     states = [parse_state(episode[0]["state"]) for episode in episodes]
     histories: list[list[Step]] = [[] for _ in episodes]
     earlier: list[list[tuple[AbstractState, str]]] = [[] for _ in episodes]
+    scores = [score_before(episode[0]) for episode in episodes]  # the real start's, then the predicted rewards'
     alive = [True] * len(episodes)
     per_step = []
     for t in tqdm(range(horizon), desc="fidelity: open loop", disable=not progress):
@@ -162,6 +165,7 @@ def open_loop(
                     tuple(histories[i][-model.history :] if model.history else ()),
                     episodes[i][t]["trajectory_id"],
                     earlier=tuple(earlier[i]),
+                    score=scores[i],
                 )
                 for i in batch
             ]
@@ -172,6 +176,7 @@ def open_loop(
                     continue
                 histories[i].append(Step(episodes[i][t]["action"], prediction.completion.reward, states[i].location))
                 earlier[i].append((states[i], episodes[i][t]["action"]))
+                scores[i] += prediction.completion.reward
                 states[i] = prediction.completion.next_state
         dead = len(active) - len(running)
         n = len(active)

@@ -172,7 +172,13 @@ class ExperienceModel(DraftDecoding):
             self.database,
             self.encoder,
             [
-                {"instruction": q.instruction, "state": q.state, "action": q.action, "trajectory_id": q.trajectory_id}
+                {
+                    "instruction": q.instruction,
+                    "state": q.state,
+                    "action": q.action,
+                    "trajectory_id": q.trajectory_id,
+                    "score_before": q.score,
+                }
                 for q in queries
             ],
             self.config.neighbours,

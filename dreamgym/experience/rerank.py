@@ -15,6 +15,10 @@ closest by the `RANKING_KEYS`, in order (ties: the embedding's order):
 - `open_closed`: the things the change's actions name are open or closed alike (the same test
   on every named item did worse);
 - `kind`: the items acted on are of the same kind (from the real names the model does not see);
+- `progress`: the game's score before the step is the same (within a point): what a move pays can
+  hang on how far the task has come, which the state does not show (ScienceWorld pays its first
+  move to another room 8.33 and the next ones nothing, and the model copied the reward of a later
+  move; measured: results log, 2026-12-07 (12:40));
 - `shared_items`: the largest share of state items (location, visible, carried, actions: Jaccard).
 Each key earns its place, and a pool (`experience.retrieval_pool`) of hundreds finds far more exact
 examples than the nearest few, at a ranking cost small beside generation (measured: results log,
@@ -39,7 +43,7 @@ from dreamgym.state import AbstractState, item_name, parse_state, whole_word
 
 # Bumped whenever the ranking changes which examples are shown, or their adaptation
 # (examples.adapted_examples) how: built examples keyed on it are then built again instead of reused.
-RANKING_VERSION = 10
+RANKING_VERSION = 11
 # The ranking's keys, most decisive first (`closeness`); experience.ranking_off switches keys off.
 RANKING_KEYS = (
     "action",
@@ -49,6 +53,7 @@ RANKING_KEYS = (
     "acted_items",
     "open_closed",
     "kind",
+    "progress",
     "shared_items",
 )
 
@@ -66,13 +71,20 @@ class Situation:
     kinds: frozenset[str] = frozenset()  # what the items the action names are (the domain's `kinds`)
     domain: Domain = NO_RULES  # whose rules made it, and compare open or closed things
     form: str | None = None  # the action with the items it names as slots (`open {0}`); None: as the action
+    score: float | None = None  # the game's score before the step (None: unknown)
 
 
 def situation(
-    state: AbstractState, action: str, kept: frozenset[str] | None, instruction: str | None, domain: Domain
+    state: AbstractState,
+    action: str,
+    kept: frozenset[str] | None,
+    instruction: str | None,
+    domain: Domain,
+    score: float | None = None,
 ) -> Situation:
     """The situation of taking `action` in `state` for the task `instruction` (None: unknown) by
-    the rules of `domain`; `kept`: the model's kept names (None: no placeholders)."""
+    the rules of `domain`, at the game's `score` (None: unknown); `kept`: the model's kept names
+    (None: no placeholders)."""
     relation = domain.task_relation(instruction, state, action)
     kinds = domain.kinds(state, action)
     if kept is not None:
@@ -88,15 +100,20 @@ def situation(
         if whole_word(item_name(item)).search(action)
     }
     form = template_of(action, {item_name(item.split(": ", 1)[1]) for item in acted})[0]
-    return Situation(action, frozenset(items), frozenset(acted), state, relation, kinds, domain, form)
+    return Situation(action, frozenset(items), frozenset(acted), state, relation, kinds, domain, form, score)
 
 
 @lru_cache(maxsize=8192)  # ~5 kB each: a default buffer's real rows, within ~40 MB
 def stored_situation(
-    state_text: str, action: str, kept: frozenset[str] | None, instruction: str | None, domain: Domain
+    state_text: str,
+    action: str,
+    kept: frozenset[str] | None,
+    instruction: str | None,
+    domain: Domain,
+    score: float | None = None,
 ) -> Situation:
     """The situation of a buffer row: the same few thousand rows come back for query after query."""
-    return situation(parse_state(state_text), action, kept, instruction, domain)
+    return situation(parse_state(state_text), action, kept, instruction, domain, score)
 
 
 @lru_cache(maxsize=8192)
@@ -121,6 +138,7 @@ _KEYS = {
     "acted_items": lambda query, candidate, change: query.acted == candidate.acted,
     "open_closed": lambda query, candidate, change: _opened_alike(query, candidate, change),
     "kind": lambda query, candidate, change: query.kinds == candidate.kinds,
+    "progress": lambda query, candidate, change: _same_progress(query, candidate),
     "shared_items": lambda query, candidate, change: _shared(query, candidate),
 }
 assert tuple(_KEYS) == RANKING_KEYS
@@ -128,13 +146,13 @@ assert tuple(_KEYS) == RANKING_KEYS
 
 def closeness(
     query: Situation, candidate: Situation, change: str | None = None, off: frozenset[str] = frozenset()
-) -> tuple[bool, bool, bool, bool, bool, bool, bool, float]:
+) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool, float]:
     """Larger is closer, by the `RANKING_KEYS` in order: the same action, then the same move on
     other items (`open {0}`: `examples.adapted_examples` shows it on the query's), then whether the
     candidate's `change` can be applied to the query's state, then the same relation to the task,
     then the same items named by the action, then whether what the change's actions name is open
-    or closed alike on both sides, then the same kinds of items acted on, then the share of state
-    items in common. A key in `off` counts the same for every candidate."""
+    or closed alike on both sides, then the same kinds of items acted on, then the same score
+    before the step, then the share of state items in common. A key in `off` counts the same for every candidate."""
     return tuple(  # type: ignore[return-value] - one value per key, in that order
         (0.0 if name == "shared_items" else False) if name in off else key(query, candidate, change)
         for name, key in _KEYS.items()
@@ -177,6 +195,11 @@ def _opened_alike(query: Situation, candidate: Situation, change: str | None) ->
         or candidate.state is None
         or query.domain.statuses(query.state, change) == query.domain.statuses(candidate.state, change)
     )
+
+
+def _same_progress(query: Situation, candidate: Situation) -> bool:
+    """The same score before the step, within a point (an unknown score is alike any)."""
+    return query.score is None or candidate.score is None or abs(query.score - candidate.score) < 1
 
 
 def _shared(query: Situation, candidate: Situation) -> float:

@@ -36,6 +36,7 @@ from dreamgym.buffer.db import Database
 from dreamgym.buffer.embeddings import Encoder
 from dreamgym.config import PipelineConfig
 from dreamgym.curriculum import Curriculum, WriteVariations, domain_variation_writer, variation_id
+from dreamgym.data.schema import score_before
 from dreamgym.domain import named_domain
 from dreamgym.envs.base import Task
 from dreamgym.errors import DreamgymError
@@ -159,6 +160,7 @@ def seed_tasks(rows: Sequence[Mapping]) -> list[Task]:
             env=row["env"],
             initial_state=row["state"],
             max_score=int(row["max_score"]),
+            start_score=score_before(row),
         )
         for row in seed_rows(rows)
     ]
@@ -171,6 +173,7 @@ def variant_task(seed: Task, instruction: str, state: str) -> Task:
         env=seed.env,
         initial_state=state,
         max_score=seed.max_score,
+        start_score=seed.start_score,
     )
 
 
