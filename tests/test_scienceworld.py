@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dreamgym.curriculum import check_variation, state_verbs
-from dreamgym.data.schema import episodes
+from dreamgym.data.schema import episodes, score_before
 from dreamgym.envs.base import GameFileError
 from dreamgym.envs.checker import check_env
 from dreamgym.envs.real import tasks_at_start
@@ -193,11 +193,13 @@ def test_the_expert_wins_every_task_through_the_adapter(find_tasks):
     try:
         for task in find_tasks:
             observation, info = env.reset(task)
-            rewards = []
+            start, rewards = info["score"], []
             while True:
                 action = info["expert_action"]
                 assert action in parse_state(observation).actions, (task.task_id, action)
                 observation, reward, terminated, truncated, info = env.step(action)
+                if not rewards:  # a row's score before its step is the reset's score (to a point)
+                    assert abs(score_before({"score": info["score"], "reward": reward}) - start) < 1
                 rewards.append(reward)
                 if terminated or truncated:
                     break
@@ -230,6 +232,8 @@ def test_the_curriculum_s_variations_are_train_variations_the_project_has_not_us
     """`curriculum.variations: games` on ScienceWorld: each seed's task type's train variations after
     those the project took (here the first 2), real tasks that pass the curriculum's check."""
     seeds = tasks_at_start([task.game_file for task in find_tasks])
+    # A start can already meet subgoals (these start at 0 to 50 of 100): DreamEnv's score starts there.
+    assert any(seed.start_score > 0 for seed in seeds)
     writer = unseen_variation_writer(tmp_path / "variations", seed=0, first=2)
     first = list(itertools.islice(writer(seeds, 2), 2))
     # The seeds in turn, each variation named by its seed; two seeds of one type share its variations.
