@@ -147,7 +147,6 @@ def open_loop(
     states = [parse_state(episode[0]["state"]) for episode in episodes]
     histories: list[list[Step]] = [[] for _ in episodes]
     earlier: list[list[tuple[AbstractState, str]]] = [[] for _ in episodes]
-    scores = [score_before(episode[0]) for episode in episodes]  # the real start's, then the predicted rewards'
     alive = [True] * len(episodes)
     per_step = []
     for t in tqdm(range(horizon), desc="fidelity: open loop", disable=not progress):
@@ -165,7 +164,8 @@ def open_loop(
                     tuple(histories[i][-model.history :] if model.history else ()),
                     episodes[i][t]["trajectory_id"],
                     earlier=tuple(earlier[i]),
-                    score=scores[i],
+                    # the real start's score, then the predicted rewards'
+                    score=score_before(episodes[i][0]) + sum(step.reward for step in histories[i]),
                 )
                 for i in batch
             ]
@@ -176,7 +176,6 @@ def open_loop(
                     continue
                 histories[i].append(Step(episodes[i][t]["action"], prediction.completion.reward, states[i].location))
                 earlier[i].append((states[i], episodes[i][t]["action"]))
-                scores[i] += prediction.completion.reward
                 states[i] = prediction.completion.next_state
         dead = len(active) - len(running)
         n = len(active)
