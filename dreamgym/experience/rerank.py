@@ -152,7 +152,8 @@ def closeness(
     candidate's `change` can be applied to the query's state, then the same relation to the task,
     then the same items named by the action, then whether what the change's actions name is open
     or closed alike on both sides, then the same kinds of items acted on, then the same score
-    before the step, then the share of state items in common. A key in `off` counts the same for every candidate."""
+    before the step, then the share of state items in common. A key in `off` counts the same for
+    every candidate."""
     return tuple(  # type: ignore[return-value] - one value per key, in that order
         (0.0 if name == "shared_items" else False) if name in off else key(query, candidate, change)
         for name, key in _KEYS.items()
