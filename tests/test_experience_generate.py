@@ -186,6 +186,31 @@ def test_fidelity_report_on_real_transitions(tiny_experience, first_episode):
     assert summary["next_state_exact_match"] >= 0.5
 
 
+def test_fidelity_asks_the_queries_the_examples_were_built_from_cut_at_a_quarantined_step(
+    tiny_experience, first_episode
+):
+    """Single-step fidelity asks the model what its examples were built from (`queries_of`): a step
+    right after one that validation quarantined carries no history from before the gap."""
+    from dreamgym.experience.fidelity import single_step
+
+    model, tokenizer = load_model(tiny_experience.model_dir)
+    experience = ExperienceModel(model, tokenizer, trained_settings(tiny_experience.model_dir, TINY))
+    rows = first_episode[:2] + first_episode[3:6]  # step 2 quarantined
+    asked = []
+
+    class Recorded:  # the real model, the queries it is asked kept
+        history = experience.history
+
+        def predict(self, queries):
+            asked.extend(queries)
+            return experience.predict(queries)
+
+    records = single_step(Recorded(), list(reversed(rows)))  # in any order
+    assert asked == queries_of(rows, TINY.history)
+    assert asked[1].history and not asked[2].history and not asked[2].earlier
+    assert [record["step"] for record in records] == [row["step"] for row in rows]
+
+
 def test_measure_fidelity_is_the_report_the_pipeline_and_the_cli_log(
     tiny_experience, first_episode, mlflow_tracking, tmp_path
 ):

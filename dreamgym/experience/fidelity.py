@@ -28,6 +28,7 @@ from tqdm import tqdm
 from dreamgym.data.schema import episodes as by_episode
 from dreamgym.data.schema import score_before
 from dreamgym.envs.dynamics import Dynamics, Prediction, Query, Step
+from dreamgym.experience.examples import queries_of
 from dreamgym.state import AbstractState, item_name, parse_state
 
 FIELDS = ("location", "visible", "inventory", "actions")
@@ -61,10 +62,6 @@ def foreseeable(query: Query, real_next: AbstractState) -> bool:
 def real_done(row: dict) -> bool:
     """The environment ended the episode (a time limit is not part of the dynamics)."""
     return bool(row["terminated"])
-
-
-def _step(row: dict, state: AbstractState) -> Step:
-    return Step(action=row["action"], reward=row["reward"], location=state.location)
 
 
 def _score(prediction: Prediction, row: dict, query: Query) -> dict:
@@ -105,28 +102,9 @@ def _batches(items: list, size: int):
 
 def single_step(model: Dynamics, rows: Sequence[dict], batch_size: int = 32, progress: bool = False) -> list[dict]:
     """Per-transition records for every real transition, from the real state and history."""
-    jobs = []
-    for episode in by_episode(rows):
-        history: list[Step] = []
-        earlier: list[tuple[AbstractState, str]] = []
-        for row in episode:
-            state = parse_state(row["state"])
-            jobs.append(
-                (
-                    row,
-                    Query(
-                        row["instruction"],
-                        state,
-                        row["action"],
-                        tuple(history[-model.history :] if model.history else ()),
-                        row["trajectory_id"],
-                        earlier=tuple(earlier),
-                        score=score_before(row),
-                    ),
-                )
-            )
-            history.append(_step(row, state))
-            earlier.append((state, row["action"]))
+    ordered = [row for episode in by_episode(rows) for row in episode]
+    # The queries the model's examples were built from: the same history, cut at a quarantined step.
+    jobs = list(zip(ordered, queries_of(ordered, model.history)))
     records = []
     with tqdm(total=len(jobs), desc="fidelity: single step", unit="transition", disable=not progress) as bar:
         for batch in _batches(jobs, batch_size):
