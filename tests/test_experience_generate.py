@@ -12,7 +12,7 @@ from conftest import TINY_EXPERIENCE as TINY
 
 from dreamgym.envs.dynamics import Query, Step
 from dreamgym.experience.examples import queries_of
-from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1
+from dreamgym.experience.fidelity import evaluate, field_f1, foreseeable, set_f1, single_step
 from dreamgym.experience.format import FORMAT_VERSION
 from dreamgym.experience.generate import SETTINGS_FILE, ExperienceFormatError, ExperienceModel, trained_settings
 from dreamgym.lm.model import load_model
@@ -191,8 +191,6 @@ def test_fidelity_asks_the_queries_the_examples_were_built_from_cut_at_a_quarant
 ):
     """Single-step fidelity asks the model what its examples were built from (`queries_of`): a step
     right after one that validation quarantined carries no history from before the gap."""
-    from dreamgym.experience.fidelity import single_step
-
     model, tokenizer = load_model(tiny_experience.model_dir)
     experience = ExperienceModel(model, tokenizer, trained_settings(tiny_experience.model_dir, TINY))
     rows = first_episode[:2] + first_episode[3:6]  # step 2 quarantined
