@@ -12,7 +12,14 @@ import torch
 from dreamgym.data.schema import MISTAKE_POLICY, read_transitions
 from dreamgym.envs.textworld.cooking import TextWorldCooking
 from dreamgym.evaluation import evaluate_policy
-from dreamgym.policy.bc import bc_examples, choice_loss, initial_policy, policy_kept_names, train_bc
+from dreamgym.policy.bc import (
+    bc_examples,
+    choice_loss,
+    initial_policy,
+    merge_repeats,
+    policy_kept_names,
+    train_bc,
+)
 from dreamgym.policy.config import PolicyConfig
 from dreamgym.policy.model import Observation, load_policy
 
@@ -54,6 +61,50 @@ def test_choice_loss_is_the_mean_negative_log_probability_of_the_labels():
     assert float(choice_loss([torch.tensor([0.0, -50.0])], [0])) == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ValueError):
         choice_loss(distributions, [0])
+
+
+def test_a_weighted_choice_loss_counts_an_example_as_often_as_its_weight():
+    distributions = [torch.log(torch.tensor([0.5, 0.25, 0.25])), torch.log(torch.tensor([0.1, 0.9]))]
+    copies = choice_loss([distributions[0], distributions[1], distributions[1]], [2, 1, 1])
+    assert float(choice_loss(distributions, [2, 1], [1, 2])) == pytest.approx(float(copies))
+    for weights in ([1], [1, 0], [1, -1]):
+        with pytest.raises(ValueError, match="positive weights"):
+            choice_loss(distributions, [2, 1], weights)
+
+
+def test_bc_trains_each_repeated_example_once_an_epoch_weighted_by_its_count(rows, tmp_path):
+    """The noisy expert's episodes of a game share their first steps (each labelled with the
+    expert's action), so the same example recurs; merged (`policy.merge_repeats`), BC's loss over
+    the distinct examples is its loss over every copy, and an epoch takes fewer steps."""
+    kept = policy_kept_names(rows, SMALL_POLICY)
+    examples = bc_examples(rows, SMALL_POLICY, kept)
+    merged, counts = merge_repeats(examples)
+
+    def key(example: dict) -> tuple:
+        return example["prompt"], tuple(example["candidates"]), example["label"]
+
+    keys = [key(e) for e in examples]
+    assert len(merged) == len(set(keys)) < len(examples) and sum(counts) == len(examples)
+    assert [key(e) for e in merged] == list(dict.fromkeys(keys))  # in the order first seen
+    assert counts == [keys.count(key(e)) for e in merged]
+    generator = torch.Generator().manual_seed(0)
+    distribution = {k: torch.log_softmax(torch.randn(len(k[1]), generator=generator), 0) for k in keys}
+    every_copy = choice_loss([distribution[k] for k in keys], [k[2] for k in keys])
+    once = choice_loss([distribution[key(e)] for e in merged], [e["label"] for e in merged], counts)
+    assert float(once) == pytest.approx(float(every_copy))
+    one_pass = dataclasses.replace(SMALL_POLICY, epochs=1)
+    steps = {
+        merge: train_bc(
+            examples,
+            dataclasses.replace(one_pass, merge_repeats=merge),
+            tmp_path / str(merge),
+            seed=0,
+            kept=kept,
+            progress=False,
+        ).steps
+        for merge in (True, False)
+    }
+    assert steps == {True: round(len(merged) / one_pass.batch_size), False: round(len(examples) / one_pass.batch_size)}
 
 
 def test_every_real_step_is_an_example_labelled_with_the_expert(rows):

@@ -150,13 +150,36 @@ def initial_policy(
     return Policy(model, tokenizer, config, kept_names=kept).eval()
 
 
-def choice_loss(distributions: Sequence[torch.Tensor], labels: Sequence[int]) -> torch.Tensor:
+def choice_loss(
+    distributions: Sequence[torch.Tensor], labels: Sequence[int], weights: Sequence[float] | None = None
+) -> torch.Tensor:
     """BC's loss in mode choice: the mean over a minibatch of -log π(label | s), where
     `distributions[i]` holds log π(· | s_i) over example i's candidates (shape (n_i,)) and
-    `labels[i]` indexes the action to imitate. 0 when every label has probability 1."""
+    `labels[i]` indexes the action to imitate; with `weights`, their weighted mean (an example
+    that stands for several copies counts as many times). 0 when every label has probability 1."""
     if len(distributions) != len(labels) or not labels:
         raise ValueError(f"{len(distributions)} distributions for {len(labels)} labels")
-    return -torch.stack([distribution[label] for distribution, label in zip(distributions, labels)]).mean()
+    if weights is not None and (len(weights) != len(labels) or min(weights) <= 0):
+        raise ValueError(f"{len(labels)} labels need as many positive weights, got {list(weights)}")
+    losses = -torch.stack([distribution[label] for distribution, label in zip(distributions, labels)])
+    if weights is None:
+        return losses.mean()
+    weight = torch.tensor(weights, dtype=losses.dtype, device=losses.device)
+    return (losses * weight).sum() / weight.sum()
+
+
+def merge_repeats(examples: Sequence[dict]) -> tuple[list[dict], list[int]]:
+    """Each distinct example once (the same prompt, candidates and label), in the order first seen,
+    and how many times each occurs. The noisy expert's episodes of a game share their first steps
+    (each step is labelled with the expert's action, whatever the episode did), so the default
+    data's 4,929 examples hold 3,655 distinct ones (results log, 2026-12-07, night)."""
+    counts: dict[tuple, int] = {}
+    first: dict[tuple, dict] = {}
+    for example in examples:
+        key = (example["prompt"], tuple(example["candidates"]), example["label"])
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, example)
+    return list(first.values()), list(counts.values())
 
 
 def train_bc(
@@ -240,7 +263,12 @@ def _train_choice(
         )
 
     deterministic_kernels()
+    # The tokenizer learns from every copy, as `initial_policy` does for the saved untrained policy.
     policy = initial_policy(examples, config, seed, kept).train()
+    if config.merge_repeats:
+        examples, weights = merge_repeats(examples)
+    else:
+        weights = [1] * len(examples)
     tokens, truncated = _token_counts(examples, policy)
     if log_to_mlflow:
         import mlflow  # slow import
@@ -254,9 +282,10 @@ def _train_choice(
         for step in range(total):
             if len(order) < config.batch_size:
                 order += rng.sample(range(len(examples)), len(examples))
-            batch, order = [examples[i] for i in order[: config.batch_size]], order[config.batch_size :]
+            chosen, order = order[: config.batch_size], order[config.batch_size :]
+            batch = [examples[i] for i in chosen]
             distributions, _ = policy.log_probs([e["prompt"] for e in batch], [e["candidates"] for e in batch])
-            loss = choice_loss(distributions, [e["label"] for e in batch])
+            loss = choice_loss(distributions, [e["label"] for e in batch], [weights[i] for i in chosen])
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
