@@ -172,7 +172,7 @@ def merge_repeats(examples: Sequence[dict]) -> tuple[list[dict], list[int]]:
     """Each distinct example once (the same prompt, candidates and label), in the order first seen,
     and how many times each occurs. The noisy expert's episodes of a game share their first steps
     (each step is labelled with the expert's action, whatever the episode did), so the default
-    data's 4,929 examples hold 3,655 distinct ones (results log, 2026-12-07, night)."""
+    data's 4,929 examples hold 3,655 distinct ones (results log, 2026-12-07 (23:00))."""
     counts: dict[tuple, int] = {}
     first: dict[tuple, dict] = {}
     for example in examples:

@@ -111,7 +111,7 @@ class PolicyConfig:
             "noisy expert's episodes of a game share their first steps, so about a quarter of the "
             "examples repeat another (dreamgym/policy/bc.py): 26% fewer steps on the default data, "
             "+16 of 600 headroom games and -4 of 180 of the training settings at three seeds, one game "
-            "past the rule set before it ran, so not the default (results log, 2026-12-07, night).",
+            "past the rule set before it ran, so not the default (results log, 2026-12-07 (23:00)).",
             part="training",
         ),
     ] = False
