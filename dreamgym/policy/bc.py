@@ -265,10 +265,9 @@ def _train_choice(
     deterministic_kernels()
     # The tokenizer learns from every copy, as `initial_policy` does for the saved untrained policy.
     policy = initial_policy(examples, config, seed, kept).train()
+    weights = None  # unmerged: the plain mean, as before the setting existed
     if config.merge_repeats:
         examples, weights = merge_repeats(examples)
-    else:
-        weights = [1] * len(examples)
     tokens, truncated = _token_counts(examples, policy)
     if log_to_mlflow:
         import mlflow  # slow import
@@ -285,7 +284,7 @@ def _train_choice(
             chosen, order = order[: config.batch_size], order[config.batch_size :]
             batch = [examples[i] for i in chosen]
             distributions, _ = policy.log_probs([e["prompt"] for e in batch], [e["candidates"] for e in batch])
-            loss = choice_loss(distributions, [e["label"] for e in batch], [weights[i] for i in chosen])
+            loss = choice_loss(distributions, [e["label"] for e in batch], weights and [weights[i] for i in chosen])
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
