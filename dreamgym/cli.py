@@ -171,6 +171,35 @@ def bench(
     Console(soft_wrap=True).print(markdown(results, check_targets(results, config.bench)), markup=False)
 
 
+@app.command("bench-merge")
+def bench_merge(
+    files: Annotated[list[Path], typer.Argument(help="Bench JSON files, each of other seeds of the same bench.")],
+    json_out: Annotated[
+        Path, typer.Option("--json", help="Where to write the pooled rows (the Markdown table and PNG go beside it).")
+    ],
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """One bench from the seeds of several (run apart, on the same held-out games and budgets):
+    its rows, table, targets (the params' bench section) and figure, as `dreamgym bench` writes them."""
+    import json
+
+    from dreamgym.ops.benchmark import merge_benches, plot, write_bench
+
+    benches = {}
+    for file in files:
+        try:
+            benches[str(file)] = json.loads(file.read_text())
+        except (OSError, ValueError) as error:
+            raise DreamgymError(
+                f"{file}: not a bench file ({error}); give the JSON `dreamgym bench --json` wrote"
+            ) from None
+    rows = merge_benches(benches)
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    _, table = write_bench(rows, json_out, _config(params).bench)
+    plot(rows, json_out.with_suffix(".png"))
+    Console(soft_wrap=True).print(table, markup=False)
+
+
 @app.command()
 def results(
     readme: Annotated[Path, typer.Option(help="The README whose generated results table to refresh.")] = Path(

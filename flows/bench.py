@@ -10,7 +10,6 @@ not compete for promotion.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,26 +21,13 @@ from prefect.artifacts import create_markdown_artifact
 from dreamgym.config import config_to_dict, flatten, load_config
 from dreamgym.envs.real import list_games
 from dreamgym.errors import DreamgymError
-from dreamgym.ops.benchmark import bench_plan, check_targets, dream_budget, machine, markdown, plot, row_result
-from dreamgym.ops.config import BenchConfig
+from dreamgym.ops.benchmark import bench_plan, dream_budget, machine, plot, row_result, write_bench
 from dreamgym.ops.tracking import configure_services, stage_run
 from flows.ingest import ingest
 from flows.train_experience import train_experience
 from flows.train_policy import train_policy
 
 HELD_OUT_GAMES = 100
-
-
-def _write_rows(results: list[dict], out: Path, goals: BenchConfig) -> tuple[list[dict], str]:
-    """The rows so far as JSON at `out` and their table beside it, after every row: a bench stopped
-    after hours leaves what it finished readable (each file replaced whole). Their targets and table."""
-    targets = check_targets(results, goals)
-    table = markdown(results, targets)
-    for path, content in ((out, json.dumps(results, indent=2)), (out.with_suffix(".md"), table)):
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(content + "\n")
-        partial.replace(path)
-    return targets, table
 
 
 @flow(name="dreamgym-bench")
@@ -129,7 +115,7 @@ def bench(
                         f"{row.name}_s{seed}_real_transitions": result["real_transitions"],
                     }
                 )
-                targets, table = _write_rows(results, out, base.bench)
+                targets, table = write_bench(results, out, base.bench)
         figure = plot(results, out.with_suffix(".png"))
         for path in (out, out.with_suffix(".md"), figure):
             mlflow.log_artifact(str(path), artifact_path="bench")

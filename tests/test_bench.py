@@ -216,3 +216,50 @@ def test_the_readme_table_pools_seeds_and_compares_each_with_its_own_bc(tmp_path
     readme.write_text(opening.replace("bench.json", "missing.json") + "<!-- end of generated results -->\n")
     with pytest.raises(DreamgymError, match=r"missing\.json: no such file"):
         refresh_readme(readme)
+
+
+def _bench_row(name: str, seed: int, wins: int, episodes: int = 10, real_budget: int = 40) -> dict:
+    return {"name": name, "seed": seed, "wins": wins, "episodes": episodes, "success_rate": wins / episodes,
+            "ci95": [0.0, 1.0], "mean_return": 1.0, "real_transitions": 0, "synthetic_transitions": 0,
+            "train_seconds": 60, "wall_seconds": 60, "history": [], "real_budget": real_budget,
+            "synthetic_budget": 400,
+            "machine": {"date": "2026-12-08T01:00:00+00:00", "device": "cpu", "cpus": 2}}  # fmt: skip
+
+
+def test_benches_of_other_seeds_merge_into_one_and_nothing_else_does(tmp_path):
+    from typer.testing import CliRunner
+
+    from dreamgym.cli import app
+    from dreamgym.ops.benchmark import merge_benches
+    from dreamgym.ops.results import policy_lines
+
+    first = [_bench_row("bc", 0, 3), _bench_row("dreamgym-grpo", 0, 4)]
+    first += [_bench_row("bc", 1, 5), _bench_row("dreamgym-grpo", 1, 5)]
+    third = [_bench_row("bc", 2, 2), _bench_row("dreamgym-grpo", 2, 4)]
+    (tmp_path / "s01.json").write_text(json.dumps(first))
+    (tmp_path / "s2.json").write_text(json.dumps(third))
+    out = tmp_path / "merged" / "bench.json"
+    params = Path(__file__).resolve().parents[1] / "params.yaml"
+    files = [str(tmp_path / "s2.json"), str(tmp_path / "s01.json")]
+    done = CliRunner().invoke(app, ["bench-merge", *files, "--json", str(out), "--params", str(params)])
+    assert done.exit_code == 0, done.output
+    merged = json.loads(out.read_text())
+    assert [(row["name"], row["seed"]) for row in merged] == [
+        ("bc", 0), ("dreamgym-grpo", 0), ("bc", 1), ("dreamgym-grpo", 1), ("bc", 2), ("dreamgym-grpo", 2)
+    ]  # fmt: skip
+    assert out.with_suffix(".md").read_text().startswith("| row | seed | success") and "DreamGym (0 real" in done.output
+    assert out.with_suffix(".png").stat().st_size > 0
+    bc, dream = policy_lines(merged)
+    assert (bc["wins"], bc["episodes"], dream["seeds"]) == (10, 30, 3)
+    assert dream["gains"] == pytest.approx([10, 0, 20])  # each seed against its own BC
+
+    # A seed twice, or rows of other games or budgets, would pool what is not comparable.
+    with pytest.raises(DreamgymError, match=r"again\.json and s2\.json both hold row bc of seed 2"):
+        merge_benches({"s2.json": third, "again.json": [_bench_row("bc", 2, 3)]})
+    with pytest.raises(DreamgymError, match="differ in episodes"):
+        merge_benches({"s01.json": first, "s2.json": [_bench_row("bc", 2, 30, episodes=100)]})
+    with pytest.raises(DreamgymError, match="differ in real_budget"):
+        merge_benches({"s01.json": first, "s2.json": [_bench_row("bc", 2, 3, real_budget=1000)]})
+    (tmp_path / "broken.json").write_text("{not json")
+    refused = CliRunner().invoke(app, ["bench-merge", str(tmp_path / "broken.json"), "--json", str(out)])
+    assert isinstance(refused.exception, DreamgymError) and "broken.json: not a bench file" in str(refused.exception)

@@ -10,6 +10,7 @@ and DreamGym with one part switched off (retrieval, history, reasoning, curricul
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -267,6 +268,53 @@ def markdown(rows: Sequence[Mapping], targets: Sequence[Mapping]) -> str:
         lines += ["", "| target | holds | numbers |", "|---|---|---|"]
         lines += [f"| {t['target']} | {'yes' if t['holds'] else 'no'} | {t['numbers']} |" for t in targets]
     return "\n".join(lines)
+
+
+def write_bench(rows: Sequence[Mapping], out: Path, goals: BenchConfig | None = None) -> tuple[list[dict], str]:
+    """The rows as JSON at `out` and their table beside it (`.md`), each file replaced whole, so a
+    bench stopped after hours leaves what it finished readable. Returns the targets and the table."""
+    targets = check_targets(rows, goals)
+    table = markdown(rows, targets)
+    for path, content in ((out, json.dumps(list(rows), indent=2)), (out.with_suffix(".md"), table)):
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(content + "\n")
+        partial.replace(path)
+    return targets, table
+
+
+# What every row of one bench shares; benches that differ in one do not pool.
+SHARED_FIELDS = ("episodes", "real_budget", "synthetic_budget")
+
+
+def merge_benches(benches: Mapping[str, Sequence[Mapping]]) -> list[dict]:
+    """The rows of several bench files (file name -> its rows) as one bench, seed by seed: for seeds
+    run apart (in another session, or on another machine) on the same held-out games. A row and
+    seed found in two files, or files that differ in games played or budgets, are refused."""
+    found: dict[tuple[str, int], str] = {}
+    shared: dict[str, dict[str, str]] = {name: {} for name in SHARED_FIELDS}  # field -> value -> a file with it
+    rows = []
+    for source, bench in benches.items():
+        for row in bench:
+            key = (row["name"], row["seed"])
+            if key in found:
+                raise DreamgymError(
+                    f"{source} and {found[key]} both hold row {row['name']} of seed {row['seed']}; "
+                    "merge benches of different seeds (or leave one file out)"
+                )
+            found[key] = source
+            for name, values in shared.items():
+                values.setdefault(str(row.get(name)), source)
+            rows.append(dict(row))
+    if not rows:
+        raise DreamgymError("the bench files hold no rows; give the JSON files `dreamgym bench --json` wrote")
+    for name, values in shared.items():
+        if len(values) > 1:
+            listed = ", ".join(f"{value} in {source}" for value, source in values.items())
+            raise DreamgymError(
+                f"the benches differ in {name} ({listed}): their rows are not comparable; merge benches "
+                "run with the same --held-out games and budgets"
+            )
+    return sorted(rows, key=lambda row: row["seed"])  # stable: each seed keeps its rows' order
 
 
 def plot(rows: Sequence[Mapping], path: str | Path) -> Path:
