@@ -260,6 +260,8 @@ def test_benches_of_other_seeds_merge_into_one_and_nothing_else_does(tmp_path):
         merge_benches({"s01.json": first, "s2.json": [_bench_row("bc", 2, 30, episodes=100)]})
     with pytest.raises(DreamgymError, match="differ in real_budget"):
         merge_benches({"s01.json": first, "s2.json": [_bench_row("bc", 2, 3, real_budget=1000)]})
+    with pytest.raises(DreamgymError, match=r"targets\.json: not a list of bench rows"):
+        merge_benches({"s01.json": first, "targets.json": {"id": "room"}})
     (tmp_path / "broken.json").write_text("{not json")
     refused = CliRunner().invoke(app, ["bench-merge", str(tmp_path / "broken.json"), "--json", str(out)])
     assert isinstance(refused.exception, DreamgymError) and "broken.json: not a bench file" in str(refused.exception)

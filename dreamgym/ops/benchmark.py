@@ -294,6 +294,10 @@ def merge_benches(benches: Mapping[str, Sequence[Mapping]]) -> list[dict]:
     shared: dict[str, dict[str, str]] = {name: {} for name in SHARED_FIELDS}  # field -> value -> a file with it
     rows = []
     for source, bench in benches.items():
+        if not isinstance(bench, list) or not all(
+            isinstance(row, dict) and {"name", "seed"} <= row.keys() for row in bench
+        ):
+            raise DreamgymError(f"{source}: not a list of bench rows; give the JSON `dreamgym bench --json` wrote")
         for row in bench:
             key = (row["name"], row["seed"])
             if key in found:
